@@ -1,0 +1,147 @@
+"""DSV4Attention: one DeepSeek-V4 attention layer holding Hl = H / tp heads of this rank.
+
+    forward = stage A (input GEMMs, RMSNorms; no metadata)
+            -> stage B behind an eager break (positions, caches, compressor, indexer, sparse attention)
+            -> stage C (grouped wo_a, row-parallel wo_b, the layer's single all-reduce)
+
+`break_scope` places the break: "hoisted" captures stage A and breaks around stage B (the change of
+vLLM PR 44561); "wide" breaks around stages A and B together (DSV4 before it). Outside CUDA-graph
+capture the break is a plain call, so the same code is the eager path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from tp_runtime.batch import LiveBatch
+from tp_runtime.cache import LayerCache
+from tp_runtime.compressor import Compressor
+from tp_runtime.config import ModelConfig
+from tp_runtime.distributed import TPGroup
+from tp_runtime.graphs import eager_break_during_capture
+from tp_runtime.indexer import Indexer
+from tp_runtime.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
+from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
+from tp_runtime.rope import RotaryTable, apply_rotary
+
+
+class StageA(NamedTuple):
+    """Metadata-independent products of x [T, hidden]; None where the layer kind has no such part."""
+
+    qr: torch.Tensor  # [T, Rq] after q_norm
+    kv: torch.Tensor  # [T, D] after kv_norm
+    comp_kv: torch.Tensor | None  # [T, c*D] fp32 (r > 0)
+    comp_score: torch.Tensor | None
+    idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
+    idx_kv: torch.Tensor | None  # [T, 2*Id] fp32 (r = 4)
+    idx_score: torch.Tensor | None
+
+
+class DSV4Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, max_pos: int, dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__()
+        H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
+        self.n_local_heads = H // tp.size
+        self.n_local_groups = G // tp.size
+        self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
+        self.rope = RotaryTable.for_layer(cfg, ratio, max_pos, device)
+        # wq_a and wkv fused into one replicated GEMM: rows [0, Rq) are wq_a, [Rq, Rq + D) wkv.
+        self.wqkv_a = ReplicatedLinear(cfg.hidden_size, cfg.q_lora_rank + D, dtype, device)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
+        self.kv_norm = RMSNorm(D, self.eps, dtype, device)
+        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device)  # by heads
+        self.attn_sink = nn.Parameter(torch.empty(self.n_local_heads, dtype=torch.float32, device=device),
+                                      requires_grad=False)
+        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
+        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
+        self.compressor = (Compressor(ratio, D, cfg.hidden_size, self.eps, self.rope, dtype, device)
+                           if ratio else None)
+        self.indexer = Indexer(cfg, self.rope, dtype, device) if ratio == 4 else None
+
+    # ------------------------------------------------------------ forward
+
+    def forward(self, x: torch.Tensor, live: LiveBatch, cache: LayerCache, out: torch.Tensor,
+                break_scope: str) -> torch.Tensor:
+        """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer."""
+        if break_scope == "wide":
+            attention_wide(self, x, live, cache, out)
+        else:
+            attention_hoisted(self, self.stage_a(x), live, cache, out)
+        return self.stage_c(out)
+
+    def stage_a(self, x: torch.Tensor) -> StageA:
+        qr, kv = self.wqkv_a(x).split([self.q_norm.weight.numel(), self.D], dim=-1)
+        comp = self.compressor.project(x) if self.compressor else (None, None)
+        idx = self.indexer.project(x) if self.indexer else (None, None, None)
+        return StageA(self.q_norm(qr), self.kv_norm(kv), *comp, *idx)
+
+    def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
+        """Writes o [T, Hl*D] (inverse-roped attention output; padding rows zero) into out."""
+        b = live.batch
+        n = b.n_tokens
+        pos = b.pos[:n]
+        q = self.wq_b(a.qr[:n]).view(n, self.n_local_heads, self.D)
+        q = apply_rotary(rms_norm(q, None, self.eps), pos, self.rope)
+        kv = apply_rotary(a.kv[:n], pos, self.rope).to(cache.window.dtype)
+        if self.compressor is not None:
+            self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
+        picks = (self.indexer(a.qr, a.idx_w, a.idx_kv, a.idx_score, b, cache)
+                 if self.indexer is not None else None)
+        o = torch.empty_like(q)
+        for s, e in token_chunks(n, (self.W + self._n_compressed(b, picks)) * self.D):
+            rows, valid = self._candidates(kv, live, cache, picks, s, e)
+            o[s:e] = sparse_attention(q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
+        write_ring(cache.window, kv, b)  # after the gathers: they read the ring's older rows
+        out[:n] = apply_rotary(o, pos, self.rope, inverse=True).flatten(1)
+        out[n:].zero_()
+
+    def stage_c(self, o: torch.Tensor) -> torch.Tensor:
+        """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
+        Gl = self.n_local_groups
+        wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)  # [Gl, Ro, (H/G)*D]
+        z = torch.einsum("tgd,grd->tgr", o.view(o.shape[0], Gl, -1), wo_a)
+        return self.wo_b(z.flatten(1))
+
+    # ------------------------------------------------------------ candidates of stage B
+
+    def _n_compressed(self, b, picks: torch.Tensor | None) -> int:
+        if picks is not None:
+            return picks.shape[1]
+        return (b.max_pos + 1) // self.ratio if self.ratio else 0
+
+    def _candidates(self, kv: torch.Tensor, live: LiveBatch, cache: LayerCache, picks: torch.Tensor | None,
+                    s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [t, W + C, D] and validity [t, W + C] for tokens s..e: window rows, then compressed rows."""
+        b = live.batch
+        tok = torch.arange(s, e, device=kv.device)
+        pos = b.pos[s:e]
+        wpos = pos[:, None] + torch.arange(1 - self.W, 1, device=kv.device)[None]  # [t, W], oldest first
+        rows, valid = gather_rows(kv, cache.window, b, tok, wpos)
+        if not self.ratio:
+            return rows, valid
+        if picks is not None:  # CSA: the indexer's top-K
+            idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
+        else:  # HCA: every completed entry
+            idx = torch.arange(self._n_compressed(b, None), device=kv.device)[None].expand(e - s, -1)
+            ok = idx < ((pos + 1) // self.ratio)[:, None]
+        crow = cache.compressed[b.slot[s:e, None], idx]
+        return torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+
+
+@eager_break_during_capture
+def attention_wide(layer: DSV4Attention, x: torch.Tensor, live: LiveBatch, cache: LayerCache,
+                   out: torch.Tensor) -> None:
+    """Eager region of the wide scope: stages A and B."""
+    layer.stage_b(layer.stage_a(x), live, cache, out)
+
+
+@eager_break_during_capture
+def attention_hoisted(layer: DSV4Attention, a: StageA, live: LiveBatch, cache: LayerCache,
+                      out: torch.Tensor) -> None:
+    """Eager region of the hoisted scope: stage B only (stage A stays in the captured segment)."""
+    layer.stage_b(a, live, cache, out)

@@ -1,0 +1,81 @@
+"""Per-layer caches of one rank, indexed by sequence slot, and the pool of free slots.
+
+DSV4 attention has a single shared KV row per token (K = V), so caches are not split by heads:
+every rank of the TP group holds the same caches. Layout per slot and layer (spec section 4):
+window ring [W, D]; compressed rows [ceil(max_len / r), D]; compressor state ring [c*r, c*D] of kv
+and gated score (fp32); for r = 4 also indexer keys [ceil(max_len / 4), Id] and their own state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tp_runtime.config import ModelConfig, compressed_len
+
+
+@dataclass
+class RingState:
+    """The last c*r tokens' compressor inputs: kv [slots, c*r, c*D] and score (+ape) of the same shape."""
+
+    kv: torch.Tensor
+    score: torch.Tensor
+
+    @classmethod
+    def empty(cls, slots: int, ratio: int, dim: int, device: torch.device) -> "RingState":
+        c = 2 if ratio == 4 else 1
+        shape = (slots, c * ratio, c * dim)
+        return cls(torch.zeros(shape, dtype=torch.float32, device=device),
+                   torch.zeros(shape, dtype=torch.float32, device=device))
+
+
+@dataclass
+class LayerCache:
+    window: torch.Tensor  # [slots, W, D], row = pos % W
+    compressed: torch.Tensor | None = None  # [slots, ceil(max_len / r), D], row = block index
+    comp_state: RingState | None = None
+    index_keys: torch.Tensor | None = None  # [slots, ceil(max_len / 4), Id]
+    index_state: RingState | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        out = [self.window, self.compressed, self.index_keys]
+        for st in (self.comp_state, self.index_state):
+            if st is not None:
+                out += [st.kv, st.score]
+        return [t for t in out if t is not None]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int, dtype: torch.dtype,
+                         device: torch.device) -> LayerCache:
+    D = cfg.head_dim
+    cache = LayerCache(window=torch.zeros(slots, cfg.sliding_window, D, dtype=dtype, device=device))
+    if ratio:
+        cache.compressed = torch.zeros(slots, compressed_len(max_len, ratio), D, dtype=dtype, device=device)
+        cache.comp_state = RingState.empty(slots, ratio, D, device)
+    if ratio == 4:
+        Id = cfg.index_head_dim
+        cache.index_keys = torch.zeros(slots, compressed_len(max_len, 4), Id, dtype=dtype, device=device)
+        cache.index_state = RingState.empty(slots, 4, Id, device)
+    return cache
+
+
+class SlotPool:
+    """Free cache slots; a finished sequence's slot is reused without clearing (positions mask stale rows)."""
+
+    def __init__(self, n: int):
+        self._free = list(range(n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def take(self) -> int:
+        return self._free.pop()
+
+    def give(self, slot: int) -> None:
+        if slot in self._free:
+            raise ValueError(f"slot {slot} returned twice")
+        self._free.append(slot)

@@ -1,0 +1,81 @@
+"""Command line: `tp-runtime run | check | bench CONFIG [key=value ...]`.
+
+    tp-runtime run configs/tiny.yaml                      # the embedded default workload
+    tp-runtime run configs/tiny.yaml parallel.tp=4 workload.requests=16
+    tp-runtime check configs/tiny.yaml                    # tp / one-shot / oracle comparisons
+
+Each command prints a short summary and, as its last stdout line, one JSON object.
+Bad configs and inputs are refused before any rank starts, with the key or tensor named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tp_runtime.config import ConfigError, RunConfig, load_config
+from tp_runtime.workload import InputError, read_inputs
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tp-runtime", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "run the configured workload and report"),
+                       ("check", "compare tp, one-shot and oracle outputs; exit 1 on a mismatch"),
+                       ("bench", "run a benchmark sweep config (configs/bench_*.yaml)")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("config", help="YAML config file")
+        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. parallel.tp=4")
+    return p
+
+
+def _validate_inputs(cfg: RunConfig) -> None:
+    """Refuse a bad input file here, before any rank computes."""
+    if cfg.workload.inputs:
+        read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
+
+
+def _cmd_run(cfg: RunConfig) -> int:
+    from tp_runtime.launcher import launch
+    from tp_runtime.report import print_report
+
+    print_report(cfg, launch(cfg))
+    return 0
+
+
+def _cmd_check(cfg: RunConfig) -> int:
+    from tp_runtime.check import run_check
+
+    rec = run_check(cfg)
+    print(f"tp_runtime check: tp={rec['tp']} device={rec['device']} dtype={rec['dtype']} "
+          f"graphs={rec['graph_mode']} requests={rec['requests']}")
+    for name, c in rec["comparisons"].items():
+        print(f"  {name:24s} max_rel_err {c['max_rel_err']:.3e}  tol {c['tol']:.0e}  {'ok' if c['ok'] else 'FAIL'}")
+    print(json.dumps(rec), flush=True)
+    return 0 if rec["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "bench":
+            from tp_runtime.bench import run_bench
+
+            return run_bench(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides)
+        _validate_inputs(cfg)
+    except (ConfigError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from tp_runtime.launcher import LaunchError
+
+    try:
+        return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Run configuration: YAML file + dotted `key=value` overrides -> typed, validated dataclasses.
+
+Model keys carry the names of DeepSeek-V4's config.json, so a released config reads directly.
+Every error names the offending key, where it came from (file or command line) and what is allowed:
+
+    cfg = load_config("configs/tiny.yaml", ["parallel.tp=4", "workload.requests=16"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be accepted; the message names key, source and allowed values."""
+
+
+def _choices(*values: str) -> dict:
+    return {"choices": list(values)}
+
+
+@dataclass
+class RopeScaling:
+    type: str = field(default="yarn", metadata=_choices("yarn"))
+    factor: float = 16.0
+    original_max_position_embeddings: int = 65536
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = 4096
+    num_hidden_layers: int = 43
+    num_attention_heads: int = 64
+    head_dim: int = 512
+    qk_rope_head_dim: int = 64
+    q_lora_rank: int = 1024
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    sliding_window: int = 128
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    # One entry per layer (0 window-only, 4 CSA, 128 HCA); entries past num_hidden_layers are MTP layers.
+    compress_ratios: list[int] = field(default_factory=list)
+    # Which layers this run builds: null (all), "a-b" (inclusive range) or "a,b,c".
+    layers: str | None = None
+    # A DeepSeek-V4 checkpoint directory; null draws seeded weights.
+    checkpoint: str | None = None
+
+    @property
+    def nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
+
+    def layer_ids(self) -> list[int]:
+        """The selected layer indices, in order."""
+        if self.layers is None:
+            return list(range(self.num_hidden_layers))
+        return parse_layer_spec(self.layers, self.num_hidden_layers)
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    launcher: str = field(default="local", metadata=_choices("local", "ray", "torchrun"))
+    backend: str = field(default="auto", metadata=_choices("auto", "gloo", "nccl"))
+    # Collective timeout: a rank stuck this long in a collective fails the run instead of hanging.
+    timeout_s: float = 120.0
+    # Ray placement-group strategy for the TP bundles.
+    placement_strategy: str = field(default="STRICT_PACK", metadata=_choices("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"))
+    # Seconds to wait for the Ray placement group before failing with what was asked and what exists.
+    placement_timeout_s: float = 60.0
+
+
+@dataclass
+class RuntimeConfig:
+    device: str = field(default="auto", metadata=_choices("auto", "cpu", "cuda"))
+    dtype: str = field(default="auto", metadata=_choices("auto", "float32", "bfloat16", "float64"))
+    max_seqs: int = 8  # cache slots = sequences in flight
+    max_len: int = 1024  # longest sequence (prompt + decode) a slot can hold
+    max_tokens_per_step: int = 256  # token budget of one step (decodes + prefill chunks)
+    prefill_chunk: int = 64  # longest prefill chunk of one sequence in one step
+    seed: int = 0  # seed of the drawn weights
+
+
+@dataclass
+class WorkloadConfig:
+    requests: int = 8
+    prompt_len: list[int] = field(default_factory=lambda: [16, 200])  # [min, max], drawn per request
+    decode_len: list[int] = field(default_factory=lambda: [4, 16])  # [min, max], drawn per request
+    # Explicit per-request lengths; when given they replace the drawn ones (length = requests).
+    prompt_lens: list[int] | None = None
+    decode_lens: list[int] | None = None
+    seed: int = 0  # seed of the lengths and of the input hidden states
+    inputs: str | None = None  # safetensors file of per-request inputs (README: "Bring your own inputs")
+    dump: str | None = None  # safetensors file to write every request's inputs and outputs to
+
+
+@dataclass
+class GraphConfig:
+    mode: str = field(default="eager", metadata=_choices("eager", "breakable"))
+    break_scope: str = field(default="hoisted", metadata=_choices("wide", "hoisted"))
+    capture_sizes: list[int] = field(default_factory=lambda: [64, 32, 16, 8, 4, 2, 1])
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_layer_spec(spec: str, n_layers: int) -> list[int]:
+    """'0-7' -> [0..7]; '0,3,5' -> [0,3,5]; every index must lie in [0, n_layers)."""
+    ids: list[int] = []
+    try:
+        for part in str(spec).split(","):
+            lo, _, hi = part.strip().partition("-")
+            ids.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise ConfigError(f"model.layers={spec!r} is not a layer list; use 'a-b' or 'a,b,c'") from None
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad or not ids or len(set(ids)) != len(ids):
+        raise ConfigError(
+            f"model.layers={spec!r} selects {bad or ids}: layers must be distinct and within 0..{n_layers - 1}"
+        )
+    return ids
+
+
+def parse_override(word: str) -> tuple[str, Any]:
+    """'parallel.tp=4' -> ('parallel.tp', 4); the value is read as YAML (numbers, lists, null)."""
+    key, sep, raw = word.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {word!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {word!r}: value is not valid YAML ({e})") from None
+    return key.strip(), value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key, source)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: '{key}' must be a list of {_type_name(item)}, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key, source)
+    ok = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[tp]
+    if not ok:
+        raise ConfigError(f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{prefix or '<top>'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"{source}: unknown key '{where}{unknown[0]}'; allowed keys under '{prefix or '<top>'}': {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key, source)
+        choices = fields[name].metadata.get("choices")
+        if choices and kwargs[name] not in choices:
+            raise ConfigError(f"{source}: '{key}' must be one of {choices}, got {kwargs[name]!r}")
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict, key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{key}' descends into '{p}', which is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML file (or defaults when path is None), apply overrides, validate."""
+    data: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    for word in overrides or []:
+        key, value = parse_override(word)
+        _set_dotted(data, key, value, f"override {word!r}")
+        # Build once per override so an error names the command-line word rather than the file.
+        _build(RunConfig, data, "", f"{source} with override {word!r}")
+    cfg = _build(RunConfig, data, "", source)
+    cfg.source = source
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict, source: str = "<dict>") -> RunConfig:
+    """Rebuild a RunConfig from `to_dict()` output (how workers receive it)."""
+    cfg = _build(RunConfig, data, "", source)
+    cfg.source = source
+    validate(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _require(cond: bool, cfg: RunConfig, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{cfg.source}: {msg}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Cross-field checks: shapes the math needs, tp divisibility, workload and runtime bounds."""
+    m, p, r, w, g = cfg.model, cfg.parallel, cfg.runtime, cfg.workload, cfg.graph
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
+                 "o_groups", "o_lora_rank", "sliding_window", "index_n_heads", "index_head_dim", "index_topk"):
+        _require(getattr(m, name) > 0, cfg, f"'model.{name}' must be positive, got {getattr(m, name)}")
+    _require(0 < m.qk_rope_head_dim <= min(m.head_dim, m.index_head_dim) and m.qk_rope_head_dim % 2 == 0, cfg,
+             f"'model.qk_rope_head_dim'={m.qk_rope_head_dim} must be even and at most head_dim and index_head_dim")
+    _require(m.num_attention_heads % m.o_groups == 0, cfg,
+             f"'model.o_groups'={m.o_groups} must divide num_attention_heads={m.num_attention_heads}")
+    _require(len(m.compress_ratios) >= m.num_hidden_layers, cfg,
+             f"'model.compress_ratios' has {len(m.compress_ratios)} entries; needs one per layer "
+             f"(num_hidden_layers={m.num_hidden_layers})")
+    bad = sorted({x for x in m.compress_ratios if x not in (0, 4, 128)})
+    _require(not bad, cfg, f"'model.compress_ratios' holds {bad}; allowed ratios: [0, 4, 128]")
+    m.layer_ids()  # raises on a bad selection
+    allowed_tp = [d for d in _divisors(m.num_attention_heads) if m.o_groups % d == 0]
+    _require(p.tp in allowed_tp, cfg,
+             f"'parallel.tp'={p.tp} must divide num_attention_heads={m.num_attention_heads} and "
+             f"o_groups={m.o_groups}; allowed values: {allowed_tp}")
+    _require(p.timeout_s > 0 and p.placement_timeout_s > 0, cfg, "'parallel.*timeout_s' must be positive")
+    for name in ("max_seqs", "max_len", "max_tokens_per_step", "prefill_chunk"):
+        _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}")
+    _require(r.max_tokens_per_step >= r.max_seqs, cfg,
+             f"'runtime.max_tokens_per_step'={r.max_tokens_per_step} must be at least runtime.max_seqs={r.max_seqs} "
+             "so every running sequence can decode each step")
+    _require(w.requests >= 0, cfg, f"'workload.requests' must be >= 0, got {w.requests}")
+    for name in ("prompt_len", "decode_len"):
+        v = getattr(w, name)
+        _require(len(v) == 2 and 0 <= v[0] <= v[1] and (name == "decode_len" or v[0] >= 1), cfg,
+                 f"'workload.{name}' must be [min, max] with {'1' if name == 'prompt_len' else '0'} <= min <= max, got {v}")
+    for name in ("prompt_lens", "decode_lens"):
+        v = getattr(w, name)
+        _require(v is None or len(v) == w.requests, cfg,
+                 f"'workload.{name}' has {len(v or [])} entries; needs one per request (workload.requests={w.requests})")
+    _require(all(x >= 1 for x in (w.prompt_lens or [1])), cfg, "'workload.prompt_lens' entries must be >= 1")
+    _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0")
+    _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
+             f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}")
+
+
+def compressed_len(max_len: int, ratio: int) -> int:
+    """Rows of a compressed cache: one per completed block of `ratio` tokens."""
+    return math.ceil(max_len / ratio)

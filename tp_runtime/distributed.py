@@ -1,0 +1,111 @@
+"""The tensor-parallel group as a value: rank, size, device and process groups, passed explicitly.
+
+There is no module-global rank state: a tp = 1 group and a shard's group can live in one process.
+`init_from_env` joins the group a launcher prepared (torchrun, the elastic agent, Ray actors all set
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT); `shutdown` tears it down in the order
+that cannot hang (graphs first, then the process group).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int
+    size: int
+    device: torch.device
+    group: dist.ProcessGroup | None = None  # device collectives: NCCL on GPUs, gloo on CPU
+    cpu_group: dist.ProcessGroup | None = None  # host-side broadcasts (step plans), always gloo
+
+    def shard(self, n: int, what: str) -> tuple[int, int]:
+        """[start, end) of this rank's equal share of n items."""
+        if n % self.size:
+            raise ValueError(f"{what}={n} is not divisible by tp={self.size}")
+        per = n // self.size
+        return self.rank * per, (self.rank + 1) * per
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """In-place sum over the group; the one collective of a layer."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def broadcast_from_driver(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's host tensor, delivered in place to every rank."""
+        if self.size > 1:
+            dist.broadcast(t, src=0, group=self.cpu_group)
+        return t
+
+    def gather_to_driver(self, value: object) -> list | None:
+        """Every rank's picklable value, as a list on rank 0 (None elsewhere)."""
+        if self.size == 1:
+            return [value]
+        out = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(value, out, dst=0, group=self.cpu_group)
+        return out
+
+
+def resolve_device(kind: str, local_rank: int = 0) -> torch.device:
+    """'auto' | 'cpu' | 'cuda' -> a concrete device for this rank."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("runtime.device=cuda but CUDA is not available on this machine")
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise RuntimeError(f"local rank {local_rank} needs GPU {local_rank}, but this node has {n} GPU(s)")
+    return torch.device("cuda", local_rank)
+
+
+def single_process(device: torch.device) -> TPGroup:
+    """tp = 1 without any process group (tests, the tp = 1 side of `check`)."""
+    return TPGroup(rank=0, size=1, device=device)
+
+
+def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
+    """Join the process group described by the launcher's environment variables."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = resolve_device(device_kind, local_rank)
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise RuntimeError("parallel.backend=nccl needs every rank on a GPU")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s)
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    return TPGroup(rank=rank, size=world, device=device, group=dist.group.WORLD, cpu_group=cpu_group)
+
+
+def warm_up_collectives(tp: TPGroup) -> None:
+    """One eager all-reduce so NCCL's communicator exists before any graph capture."""
+    if tp.size > 1:
+        x = torch.ones(1, device=tp.device)
+        tp.all_reduce(x)
+        if int(x.item()) != tp.size:
+            raise RuntimeError(f"warm-up all-reduce summed to {x.item()}, expected {tp.size}")
+
+
+def shutdown(tp: TPGroup, release: Callable[[], None] | None = None) -> None:
+    """Free graphs (via `release`) before destroying the process group: the reverse order hangs NCCL."""
+    if release is not None:
+        release()
+    gc.collect()
+    if tp.device.type == "cuda":
+        torch.cuda.synchronize(tp.device)
+    if tp.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,138 @@
+"""The step loop every rank runs: rank 0 schedules and broadcasts each plan, all ranks step it.
+
+Rank 0 also gathers what the report needs: per-request output checksums (and outputs when asked),
+step timings from CUDA events (or the host clock on CPU), and the rejected requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tp_runtime.batch import StepPlan
+from tp_runtime.scheduler import Rejection, Scheduler
+from tp_runtime.worker import Worker
+from tp_runtime.workload import build_workload, write_dump
+
+
+@dataclass
+class RunResult:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    replayed_steps: int = 0
+    wall_s: float = 0.0
+    step_ms: list[float] = field(default_factory=list)
+    decode_step_ms: list[float] = field(default_factory=list)
+    output_checksum: float = 0.0
+    rejected: list[Rejection] = field(default_factory=list)
+    completed: int = 0
+    outputs: dict[int, torch.Tensor] | None = None  # request id -> [L, hidden] fp32 (cpu)
+    device: str = ""
+    dtype: str = ""
+    graph: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict)
+
+    @property
+    def decode_step_ms_median(self) -> float | None:
+        return statistics.median(self.decode_step_ms) if self.decode_step_ms else None
+
+
+class _Timer:
+    """Per-step durations: CUDA events on GPU (read once at the end), host clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, t0, decode: bool) -> None:
+        self.marks.append((t0, self.start(), decode))
+
+    def durations_ms(self) -> list[tuple[float, bool]]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [(a.elapsed_time(b), d) for a, b, d in self.marks]
+        return [((b - a) * 1e3, d) for a, b, d in self.marks]
+
+
+def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> RunResult | None:
+    cfg, tp = worker.cfg, worker.tp
+    rt = cfg.runtime
+    workload = build_workload(cfg)
+    keep = keep_outputs or bool(cfg.workload.dump)
+    sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
+                       oneshot) if tp.rank == 0 else None)
+    capacity = rt.max_seqs
+    res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."), load=worker.load_report)
+    parts: dict[int, list[torch.Tensor]] = {}
+    checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
+    timer = _Timer(worker.device)
+    t_start = time.perf_counter()
+    while True:
+        wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
+        if sched is not None:
+            plan = sched.next_plan()
+            if plan is not None:
+                wire = plan.encode(capacity)
+        tp.broadcast_from_driver(wire)
+        if int(wire[0]) < 0:
+            break
+        plan = StepPlan.decode_wire(wire)
+        x = workload.step_inputs(plan, worker.device, worker.dtype)
+        t0 = timer.start()
+        out, replayed = worker.step(plan, x)
+        timer.stop(t0, plan.decode_only)
+        res.steps += 1
+        res.replayed_steps += int(replayed)
+        if sched is None:
+            continue
+        checksum += out.double().abs().sum()
+        if keep:
+            _collect(parts, plan, out)
+        sched.complete(plan)
+        for c in plan.chunks:
+            if c.decode:
+                res.decode_tokens += c.length
+            else:
+                res.prefill_tokens += c.length
+    durations = timer.durations_ms()
+    res.wall_s = time.perf_counter() - t_start
+    if sched is None:
+        return None
+    res.step_ms = [d for d, _ in durations]
+    res.decode_step_ms = [d for d, dec in durations if dec]
+    res.output_checksum = float(checksum)
+    res.rejected, res.completed = sched.rejected, len(sched.finished)
+    res.graph = _graph_stats(worker)
+    if keep:
+        res.outputs = {r: torch.cat(p) for r, p in parts.items()}
+    if cfg.workload.dump:
+        write_dump(cfg.workload.dump, workload, res.outputs)
+    return res
+
+
+def _collect(parts: dict[int, list[torch.Tensor]], plan: StepPlan, out: torch.Tensor) -> None:
+    rows = out.float().cpu()
+    i = 0
+    for c in plan.chunks:
+        parts.setdefault(c.request, []).append(rows[i: i + c.length])
+        i += c.length
+
+
+def _graph_stats(worker: Worker) -> dict:
+    g = worker.graphs
+    if g is None:
+        return {"captured": False}
+    return {"captured": True, "capture_sizes": g.sizes, "capture_s": g.capture_s,
+            "segments_per_step": g.segments_per_step, "eager_breaks_per_step": g.breaks_per_step,
+            "graph_pool_bytes": g.pool_bytes}

@@ -1,0 +1,67 @@
+"""Rotary embedding on the trailing Dr dims, GPT-J interleaved pairs, with YaRN for compressed layers.
+
+Pair i of the rotated slice, (x[2i], x[2i+1]), turns by pos * f_i with f_i = base^(-2i/Dr).
+Window-only layers use rope_theta without YaRN; compressed layers and their indexer use
+compress_rope_theta with YaRN frequency interpolation (spec section 5). No attention-scale correction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tp_runtime.config import ModelConfig, RopeScaling
+
+
+def yarn_correction_range(dr: int, base: float, s: RopeScaling) -> tuple[float, float]:
+    """[lo, hi] in pair index between which YaRN blends original and interpolated frequencies."""
+
+    def corr(beta: float) -> float:
+        return dr * math.log(s.original_max_position_embeddings / (2 * math.pi * beta)) / (2 * math.log(base))
+
+    lo = max(0, math.floor(corr(s.beta_fast)))
+    hi = min(dr - 1, math.ceil(corr(s.beta_slow)))
+    return lo, hi
+
+
+def inv_frequencies(dr: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """f_i for i in [0, Dr/2), float64; YaRN-interpolated when `scaling` is given."""
+    i = torch.arange(dr // 2, dtype=torch.float64)
+    f = base ** (-2 * i / dr)
+    if scaling is None:
+        return f
+    lo, hi = yarn_correction_range(dr, base, scaling)
+    ramp = ((i - lo) / max(hi - lo, 1e-3)).clamp(0, 1)  # 0 below lo (keep f), 1 above hi (f / factor)
+    keep = 1 - ramp
+    return f / scaling.factor * (1 - keep) + f * keep
+
+
+class RotaryTable:
+    """cos / sin of pos * f_i for every position a run can reach: [max_pos, Dr/2] fp32 on the device."""
+
+    def __init__(self, dr: int, base: float, scaling: RopeScaling | None, max_pos: int, device: torch.device):
+        angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_frequencies(dr, base, scaling)[None]
+        self.dr = dr
+        self.cos = angles.cos().float().to(device)
+        self.sin = angles.sin().float().to(device)
+
+    @classmethod
+    def for_layer(cls, cfg: ModelConfig, ratio: int, max_pos: int, device: torch.device) -> "RotaryTable":
+        if ratio == 0:
+            return cls(cfg.qk_rope_head_dim, cfg.rope_theta, None, max_pos, device)
+        return cls(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, max_pos, device)
+
+
+def apply_rotary(x: torch.Tensor, pos: torch.Tensor, table: RotaryTable, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last Dr dims of x [T, ..., D] at positions pos [T] (by -angle when inverse)."""
+    dr = table.dr
+    cos, sin = table.cos[pos], table.sin[pos]  # [T, Dr/2]
+    while cos.dim() < x.dim():  # broadcast over head dims
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    if inverse:
+        sin = -sin
+    tail = x[..., -dr:].float().unflatten(-1, (dr // 2, 2))
+    a, b = tail[..., 0], tail[..., 1]
+    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return torch.cat((x[..., :-dr], rotated.to(x.dtype)), dim=-1)

@@ -1,0 +1,123 @@
+"""The shard table of every checkpoint tensor, and seeded weights identical for every tp.
+
+One table (`model_specs`) drives drawing, checkpoint loading and checkpoint writing: for each
+checkpoint tensor it gives the full shape, the parameter it fills (and where, for fused GEMMs),
+and the dimension split across ranks. A seeded draw makes the full tensor from (seed, name) on the
+run's device and keeps this rank's shard, so tp = 1 and tp = 4 hold the same model.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.distributed import TPGroup
+from tp_runtime.stack import AttentionStack
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # checkpoint name, e.g. "layers.3.attn.wq_b.weight"
+    shape: tuple[int, ...]  # full, unsharded shape
+    param: str  # parameter of AttentionStack it fills
+    shard_dim: int | None = None  # dimension split across TP ranks; None = replicated
+    row_offset: int = 0  # first row inside a fused parameter
+    kind: str = "matrix"  # matrix | norm | sink | ape: decides the seeded draw
+    fp8: bool = False  # stored as float8_e4m3fn with 128x128 block scales in released checkpoints
+
+
+def layer_specs(cfg: ModelConfig, i: int) -> list[TensorSpec]:
+    hid, D, H, G = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.o_groups
+    Rq, Ro, r = cfg.q_lora_rank, cfg.o_lora_rank, cfg.compress_ratios[i]
+    a = f"layers.{i}.attn."
+    specs = [
+        TensorSpec(f"layers.{i}.attn_norm.weight", (hid,), f"layers.{i}.attn_norm.weight", kind="norm"),
+        TensorSpec(a + "wq_a.weight", (Rq, hid), a + "wqkv_a.weight", fp8=True),
+        TensorSpec(a + "wkv.weight", (D, hid), a + "wqkv_a.weight", row_offset=Rq, fp8=True),
+        TensorSpec(a + "q_norm.weight", (Rq,), a + "q_norm.weight", kind="norm"),
+        TensorSpec(a + "kv_norm.weight", (D,), a + "kv_norm.weight", kind="norm"),
+        TensorSpec(a + "wq_b.weight", (H * D, Rq), a + "wq_b.weight", shard_dim=0, fp8=True),
+        TensorSpec(a + "attn_sink", (H,), a + "attn_sink", shard_dim=0, kind="sink"),
+        TensorSpec(a + "wo_a.weight", (G * Ro, H * D // G), a + "wo_a.weight", shard_dim=0, fp8=True),
+        TensorSpec(a + "wo_b.weight", (hid, G * Ro), a + "wo_b.weight", shard_dim=1, fp8=True),
+    ]
+    if r:
+        specs += _compressor_specs(a + "compressor.", r, D, hid)
+    if r == 4:
+        Ih, Id = cfg.index_n_heads, cfg.index_head_dim
+        specs += [
+            TensorSpec(a + "indexer.wq_b.weight", (Ih * Id, Rq), a + "indexer.wq_b.weight", fp8=True),
+            TensorSpec(a + "indexer.weights_proj.weight", (Ih, hid), a + "indexer.weights_proj.weight"),
+        ]
+        specs += _compressor_specs(a + "indexer.compressor.", 4, Id, hid)
+    return specs
+
+
+def _compressor_specs(p: str, r: int, dim: int, hid: int) -> list[TensorSpec]:
+    c = 2 if r == 4 else 1
+    return [
+        TensorSpec(p + "wkv.weight", (c * dim, hid), p + "wkv.weight"),
+        TensorSpec(p + "wgate.weight", (c * dim, hid), p + "wgate.weight"),
+        TensorSpec(p + "ape", (r, c * dim), p + "ape", kind="ape"),
+        TensorSpec(p + "norm.weight", (dim,), p + "norm.weight", kind="norm"),
+    ]
+
+
+def model_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    return [s for i in cfg.layer_ids() for s in layer_specs(cfg, i)]
+
+
+def shard_of(spec: TensorSpec, full: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    """This rank's slice of a full tensor."""
+    if spec.shard_dim is None:
+        return full
+    lo, hi = tp.shard(spec.shape[spec.shard_dim], f"{spec.name} dim {spec.shard_dim}")
+    return full.narrow(spec.shard_dim, lo, hi - lo)
+
+
+def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> None:
+    """Copy a shard into its parameter (at its rows of a fused parameter); shapes must agree."""
+    param = stack.get_parameter(spec.param)
+    fits = (shard.dim() == param.dim() and shard.shape[1:] == param.shape[1:]
+            and spec.row_offset + shard.shape[0] <= param.shape[0])
+    if not fits:
+        raise ValueError(f"{spec.name}: shard shape {tuple(shard.shape)} does not fit parameter "
+                         f"{spec.param} {tuple(param.shape)} at row {spec.row_offset}")
+    param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
+
+
+def _seed_for(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor:
+    """The full fp32 tensor a seeded model holds under spec.name; identical on every rank."""
+    g = torch.Generator(device=device).manual_seed(_seed_for(seed, spec.name))
+    z = torch.randn(spec.shape, generator=g, device=device, dtype=torch.float32)
+    if spec.kind == "matrix":
+        return z / spec.shape[1] ** 0.5  # unit-scale outputs for unit-scale inputs
+    if spec.kind == "norm":
+        return 1.0 + 0.1 * z
+    if spec.kind == "ape":
+        return 0.5 * z
+    return z  # sink: logits of the same order as the attention scores
+
+
+def init_seeded(stack: AttentionStack, seed: int) -> None:
+    """Fill every parameter with this rank's shard of the seeded full tensors."""
+    with torch.no_grad():
+        for spec in model_specs(stack.cfg):
+            place(stack, spec, shard_of(spec, draw_full(spec, seed, stack.device), stack.tp))
+
+
+def full_tensors(stack: AttentionStack) -> dict[str, torch.Tensor]:
+    """Checkpoint-named full tensors of an unsharded (tp = 1) stack: the oracle's input."""
+    if stack.tp.size != 1:
+        raise ValueError("full_tensors needs an unsharded stack (tp = 1)")
+    out = {}
+    for spec in model_specs(stack.cfg):
+        out[spec.name] = stack.get_parameter(spec.param).narrow(0, spec.row_offset, spec.shape[0])
+    return out

@@ -1,0 +1,155 @@
+"""Worker: one rank's lifecycle, read top to bottom in the constructor, and its `step`.
+
+    join the TP group -> build the stack shard -> draw or load weights -> allocate caches and
+    static buffers -> warm NCCL eagerly -> capture breakable graphs (GPU, graph.mode=breakable)
+
+Every launcher runs this same code (`worker_entry`). Under torchrun it is also the entry point:
+
+    torchrun --nproc-per-node 2 -m tp_runtime.worker configs/tiny.yaml parallel.launcher=torchrun
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+from tp_runtime.batch import LiveBatch, StepBuffers, StepPlan
+from tp_runtime.config import RunConfig, config_from_dict, load_config
+from tp_runtime.distributed import (TPGroup, init_from_env, resolve_device, shutdown, single_process,
+                                    warm_up_collectives)
+from tp_runtime.graphs import StepGraphs
+from tp_runtime.stack import AttentionStack
+from tp_runtime.weights import init_seeded
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+class Worker:
+    def __init__(self, cfg: RunConfig, tp: TPGroup, oneshot: bool = False):
+        rt, g = cfg.runtime, cfg.graph
+        self.cfg, self.tp, self.device = cfg, tp, tp.device
+        self.dtype = resolve_dtype(rt.dtype, self.device)
+        self.break_scope = g.break_scope
+        self.stack = AttentionStack(cfg.model, tp, rt.max_len, self.dtype, self.device)
+        self.load_report = self._load_weights()
+        self.caches = self.stack.allocate_caches(rt.max_seqs, rt.max_len)
+        capacity = rt.max_len if oneshot else max(rt.max_tokens_per_step, max(g.capture_sizes))
+        self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device)
+        self.attn_out = torch.zeros(capacity, self.stack.attn_out_width(), dtype=self.dtype, device=self.device)
+        self.live = LiveBatch()
+        warm_up_collectives(tp)
+        self.graphs = self._capture_graphs() if self._graphs_wanted() else None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _load_weights(self) -> dict:
+        with torch.no_grad():
+            if self.cfg.model.checkpoint:
+                from tp_runtime.checkpoint import load_checkpoint
+
+                return load_checkpoint(self.stack, self.cfg.model.checkpoint)
+            init_seeded(self.stack, self.cfg.runtime.seed)
+        return {}
+
+    def _graphs_wanted(self) -> bool:
+        if self.cfg.graph.mode != "breakable":
+            return False
+        if self.device.type != "cuda":
+            warnings.warn("graph.mode=breakable needs a CUDA device; this run is on CPU and runs eagerly "
+                          "(the same code path, without capture)", stacklevel=2)
+            return False
+        return True
+
+    def _capture_graphs(self) -> StepGraphs:
+        graphs = StepGraphs([s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity], self.device)
+        empty = StepPlan(())
+        no_rows = torch.zeros(0, self.cfg.model.hidden_size, dtype=self.dtype, device=self.device)
+
+        def forward(size: int) -> torch.Tensor:  # an all-padding step: eager breaks touch no cache row
+            return self._forward(self.buffers.load(empty, no_rows, size))
+
+        with torch.no_grad():
+            graphs.capture(forward)
+        return graphs
+
+    def close(self) -> None:
+        """Free graphs, then leave the process group (the reverse order hangs NCCL)."""
+        release = self.graphs.close if self.graphs is not None else None
+        self.graphs = None
+        shutdown(self.tp, release)
+
+    # ------------------------------------------------------------ one step
+
+    def _forward(self, batch) -> torch.Tensor:
+        self.live.batch = batch
+        return self.stack(batch.x, self.live, self.caches, self.attn_out, self.break_scope)
+
+    @torch.no_grad()
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, bool]:
+        """Run one step; returns final hidden states [n_tokens, hidden] and whether a graph replayed.
+
+        The replay-or-eager decision depends only on the plan, which every rank received from the
+        driver, so all ranks take the same one.
+        """
+        n = plan.n_tokens
+        size = self.graphs.size_for(n) if self.graphs is not None else None
+        if size is None:
+            return self._forward(self.buffers.load(plan, x, n))[:n], False
+        self.live.batch = self.buffers.load(plan, x, size)
+        return self.graphs.replay(size, on_break)[:n], True
+
+
+def worker_entry(cfg_dict: dict, mode: str = "run", oneshot: bool = False, keep_outputs: bool = False):
+    """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
+
+    Returns the driver's result on rank 0 and None elsewhere.
+    """
+    from tp_runtime.driver import drive
+
+    cfg = config_from_dict(cfg_dict)
+    p = cfg.parallel
+    if "RANK" in os.environ:
+        tp = init_from_env(cfg.runtime.device, p.backend, p.timeout_s)
+    else:  # tp = 1 in the caller's process
+        tp = single_process(resolve_device(cfg.runtime.device))
+    worker = None
+    try:
+        worker = Worker(cfg, tp, oneshot=oneshot)
+        return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+    finally:
+        if worker is not None:
+            worker.close()
+        else:
+            shutdown(tp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: every rank runs the worker; rank 0 prints the report."""
+    from tp_runtime.report import print_report
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: torchrun ... -m tp_runtime.worker CONFIG [key=value ...]", file=sys.stderr)
+        return 2
+    cfg = load_config(args[0], args[1:] + ["parallel.launcher=torchrun"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != cfg.parallel.tp:
+        print(f"error: torchrun started {world} processes but parallel.tp={cfg.parallel.tp}", file=sys.stderr)
+        return 2
+    result = worker_entry(cfg.to_dict())
+    if result is not None:
+        print_report(cfg, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
