@@ -55,7 +55,7 @@ def _elastic(cfg: RunConfig, oneshot: bool, keep_outputs: bool) -> RunResult:
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.tp)))
     try:
-        results = elastic_launch(lc, worker_entry)(cfg.to_dict(), "run", oneshot, keep_outputs)
+        results = elastic_launch(lc, worker_entry)(cfg.to_dict(), oneshot, keep_outputs)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): "

@@ -108,7 +108,7 @@ class Worker:
         return self.graphs.replay(size, on_break)[:n], True
 
 
-def worker_entry(cfg_dict: dict, mode: str = "run", oneshot: bool = False, keep_outputs: bool = False):
+def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
     """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
 
     Returns the driver's result on rank 0 and None elsewhere.
