@@ -1,0 +1,96 @@
+"""Configuration: YAML + overrides into typed dataclasses; every refusal names key, source, allowed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tp_runtime.config import ConfigError, load_config, parse_layer_spec
+from conftest import TINY, ROOT
+
+
+def test_tiny_loads_with_released_key_names():
+    cfg = load_config(TINY)
+    m = cfg.model
+    assert (m.hidden_size, m.num_attention_heads, m.head_dim, m.qk_rope_head_dim) == (64, 8, 32, 8)
+    assert m.nope_head_dim == 24
+    assert {0, 4, 128} <= set(m.compress_ratios[: m.num_hidden_layers])
+
+
+@pytest.mark.parametrize("name,heads,groups", [("v4_flash", 64, 8), ("v4_pro", 128, 16)])
+def test_released_configs(name, heads, groups):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.model.num_attention_heads == heads and cfg.model.o_groups == groups
+    assert len(cfg.model.compress_ratios) == cfg.model.num_hidden_layers + 1  # + the MTP layer
+
+
+def test_overrides_are_typed():
+    cfg = load_config(TINY, ["parallel.tp=4", "workload.requests=16", "workload.prompt_len=[3, 9]",
+                             "model.layers=1-3"])
+    assert cfg.parallel.tp == 4 and cfg.workload.requests == 16
+    assert cfg.workload.prompt_len == [3, 9]
+    assert cfg.model.layer_ids() == [1, 2, 3]
+
+
+def test_unknown_key_names_key_file_and_allowed(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model:\n  hidden_sizes: 64\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "model.hidden_sizes" in msg and str(p) in msg and "hidden_size" in msg
+
+
+def test_unknown_override_names_the_word():
+    with pytest.raises(ConfigError, match=r"override 'runtime\.max_lenn=3'.*unknown key 'runtime\.max_lenn'"):
+        load_config(TINY, ["runtime.max_lenn=3"])
+
+
+def test_wrong_type_is_refused():
+    with pytest.raises(ConfigError, match=r"'parallel\.tp' must be int, got str"):
+        load_config(TINY, ["parallel.tp=four"])
+    with pytest.raises(ConfigError, match=r"'workload\.prompt_len' must be a list of int"):
+        load_config(TINY, ["workload.prompt_len=5"])
+
+
+def test_choice_is_refused_with_allowed_values():
+    with pytest.raises(ConfigError, match=r"'graph\.mode' must be one of \['eager', 'breakable'\]"):
+        load_config(TINY, ["graph.mode=fast"])
+
+
+@pytest.mark.parametrize("tp", [3, 5, 8])
+def test_tp_must_divide_heads_and_groups(tp):
+    # tiny: 8 heads, 4 groups -> tp in {1, 2, 4}; 8 divides the heads but not the groups.
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [f"parallel.tp={tp}"])
+    msg = str(e.value)
+    assert f"'parallel.tp'={tp}" in msg and "allowed values: [1, 2, 4]" in msg and "tiny.yaml" in msg
+
+
+def test_compress_ratios_checked():
+    with pytest.raises(ConfigError, match=r"allowed ratios: \[0, 4, 128\]"):
+        load_config(TINY, ["model.compress_ratios=[0, 4, 64, 4, 128, 0]"])
+    with pytest.raises(ConfigError, match="needs one per layer"):
+        load_config(TINY, ["model.compress_ratios=[0, 4]"])
+
+
+def test_layer_spec():
+    assert parse_layer_spec("0-2,5", 6) == [0, 1, 2, 5]
+    with pytest.raises(ConfigError, match="within 0..5"):
+        parse_layer_spec("4-6", 6)
+    with pytest.raises(ConfigError, match="not a layer list"):
+        parse_layer_spec("a-b", 6)
+
+
+def test_workload_lists_must_match_requests():
+    with pytest.raises(ConfigError, match="prompt_lens' has 2 entries"):
+        load_config(TINY, ["workload.requests=3", "workload.prompt_lens=[4, 5]"])
+
+
+def test_token_budget_must_cover_slots():
+    with pytest.raises(ConfigError, match="max_tokens_per_step"):
+        load_config(TINY, ["runtime.max_seqs=8", "runtime.max_tokens_per_step=4"])
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(ROOT / "configs" / "nope.yaml")

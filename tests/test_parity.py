@@ -1,0 +1,115 @@
+"""End-to-end correctness on CPU: tp shards vs tp = 1 vs the float64 oracle, incremental vs one-shot.
+
+The scenario's prompts are shorter than the window (16), equal to it, cross it, pass the point where
+the indexer's top-K (8) drops entries (40 tokens -> 10 ratio-4 entries), and cross one and two
+128-token blocks; 3 slots for 6 requests force slot reuse, and a 64-token budget with 48-token
+chunks mixes prefill chunks with decode tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tp_runtime.check import TOLERANCES, max_rel_err, reference_outputs
+from tp_runtime.config import load_config
+from tp_runtime.launcher import in_process
+from tp_runtime.scheduler import Scheduler
+from tp_runtime.workload import build_workload
+from conftest import TINY, last_json, run_cli
+
+SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
+            "workload.decode_lens=[3, 1, 0, 5, 2, 6]", "runtime.max_seqs=3"]
+TOL = TOLERANCES["float32"]  # justified in check.py
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    return load_config(TINY, SCENARIO + ["parallel.tp=1"])
+
+
+@pytest.fixture(scope="module")
+def tp1(scenario):
+    return in_process(scenario, keep_outputs=True)
+
+
+def test_scenario_covers_the_boundaries(scenario):
+    m, lens = scenario.model, scenario.workload.prompt_lens
+    assert min(lens) < m.sliding_window < max(lens)
+    assert max(lens) // 4 > m.index_topk  # top-K really drops entries
+    assert max(lens) > 2 * 128 and {4, 128} <= set(m.compress_ratios[: m.num_hidden_layers])
+    plans = _plans(scenario)
+    assert any(p.decode_only for p in plans) and any(
+        {c.decode for c in p.chunks} == {True, False} for p in plans)  # mixed steps exist
+    assert len({c.slot for p in plans for c in p.chunks}) == 3  # 6 requests through 3 slots
+
+
+def _plans(cfg):
+    rt = cfg.runtime
+    s = Scheduler(build_workload(cfg).requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk)
+    plans = []
+    while (p := s.next_plan()) is not None:
+        plans.append(p)
+        s.complete(p)
+    return plans
+
+
+def test_tp1_matches_oracle(scenario, tp1):
+    assert len(tp1.outputs) == 6 and not tp1.rejected
+    assert max_rel_err(tp1.outputs, reference_outputs(scenario, list(tp1.outputs))) < TOL
+
+
+def test_incremental_equals_oneshot(scenario, tp1):
+    oneshot = in_process(scenario, oneshot=True, keep_outputs=True)
+    assert max_rel_err(tp1.outputs, oneshot.outputs) < TOL
+
+
+def test_slot_reuse_leaves_outputs_unchanged(scenario, tp1):
+    one_slot = copy.deepcopy(scenario)
+    one_slot.runtime.max_seqs = 1  # every request reuses slot 0 after the previous one
+    assert max_rel_err(in_process(one_slot, keep_outputs=True).outputs, tp1.outputs) < TOL
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_check_command_at_tp(tp):
+    proc = run_cli("check", TINY, f"parallel.tp={tp}", "parallel.launcher=local", *SCENARIO)
+    rec = last_json(proc)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rec["ok"] and rec["tp"] == tp and rec["requests"] == 6
+    assert set(rec["comparisons"]) >= {"tp_vs_tp1", "vs_reference", "incremental_vs_oneshot"}
+    for c in rec["comparisons"].values():
+        assert c["tol"] == TOL and 0 <= c["max_rel_err"] < TOL
+
+
+def test_sink_changes_the_output(scenario, tp1):
+    from tp_runtime.distributed import single_process
+    from tp_runtime.driver import drive
+    from tp_runtime.reference import reference_stack
+    from tp_runtime.weights import full_tensors
+    from tp_runtime.worker import Worker
+
+    worker = Worker(scenario, single_process(torch.device("cpu")))
+    for blk in worker.stack.layers.values():
+        blk.attn.attn_sink.fill_(-1e30)  # exp(sink - m) = 0: the sink vanishes
+    no_sink = drive(worker, keep_outputs=True).outputs
+    assert max_rel_err(no_sink, tp1.outputs) > 1e-3  # the sink matters at the percent level
+    # and the oracle, given the same weights, agrees with the sink-free run
+    w = {k: v.double() for k, v in full_tensors(worker.stack).items()}
+    wl = build_workload(scenario)
+    for r in wl.requests:
+        out = reference_stack(wl.request_inputs(r, torch.device("cpu"), torch.float64), w, scenario.model)
+        assert max_rel_err({0: no_sink[r.id]}, {0: out}) < TOL
+
+
+def test_too_long_request_is_rejected_and_others_unchanged(scenario, tp1):
+    cfg = copy.deepcopy(scenario)
+    cfg.workload.requests = 7
+    cfg.workload.prompt_lens = scenario.workload.prompt_lens + [500]
+    cfg.workload.decode_lens = scenario.workload.decode_lens + [20]  # 520 > max_len 512
+    res = in_process(cfg, keep_outputs=True)
+    assert len(res.rejected) == 1 and res.rejected[0].request == 6
+    assert "request 6" in res.rejected[0].reason and "520" in res.rejected[0].reason and "512" in res.rejected[0].reason
+    assert set(res.outputs) == set(range(6))
+    assert max_rel_err(res.outputs, tp1.outputs) == 0.0  # same schedule for the others: bit-identical
