@@ -24,6 +24,7 @@ class RunResult:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     replayed_steps: int = 0
+    replays_by_size: dict[int, int] = field(default_factory=dict)
     wall_s: float = 0.0
     step_ms: list[float] = field(default_factory=list)
     decode_step_ms: list[float] = field(default_factory=list)
@@ -90,10 +91,12 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
         plan = StepPlan.decode_wire(wire)
         x = workload.step_inputs(plan, worker.device, worker.dtype)
         t0 = timer.start()
-        out, replayed = worker.step(plan, x)
+        out, size = worker.step(plan, x)
         timer.stop(t0, plan.decode_only)
         res.steps += 1
-        res.replayed_steps += int(replayed)
+        if size is not None:
+            res.replayed_steps += 1
+            res.replays_by_size[size] = res.replays_by_size.get(size, 0) + 1
         if sched is None:
             continue
         checksum += out.double().abs().sum()

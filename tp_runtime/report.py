@@ -38,6 +38,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "graph_pool_bytes": g.get("graph_pool_bytes", 0),
         "replayed_fraction": res.replayed_steps / res.steps if res.steps else 0.0,
         "eager_steps": res.steps - res.replayed_steps,
+        "replays_by_size": {str(k): v for k, v in sorted(res.replays_by_size.items())},
     }
     rec.update({f"load_{k}": v for k, v in res.load.items()})
     return rec

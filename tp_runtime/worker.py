@@ -94,8 +94,9 @@ class Worker:
         return self.stack(batch.x, self.live, self.caches, self.attn_out, self.break_scope)
 
     @torch.no_grad()
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, bool]:
-        """Run one step; returns final hidden states [n_tokens, hidden] and whether a graph replayed.
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, int | None]:
+        """Run one step; returns final hidden states [n_tokens, hidden] and the replayed capture size
+        (None when the step ran eagerly).
 
         The replay-or-eager decision depends only on the plan, which every rank received from the
         driver, so all ranks take the same one.
@@ -103,9 +104,9 @@ class Worker:
         n = plan.n_tokens
         size = self.graphs.size_for(n) if self.graphs is not None else None
         if size is None:
-            return self._forward(self.buffers.load(plan, x, n))[:n], False
+            return self._forward(self.buffers.load(plan, x, n))[:n], None
         self.live.batch = self.buffers.load(plan, x, size)
-        return self.graphs.replay(size, on_break)[:n], True
+        return self.graphs.replay(size, on_break)[:n], size
 
 
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):

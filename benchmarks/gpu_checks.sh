@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU correctness pass: the gpu-marked tests and `tp-runtime check` on tiny and Flash dimensions,
+# eager and with breakable graphs (both scopes), tp = 1 and tp = 2 when two GPUs exist.
+# Usage (from the repository root, on a machine with GPUs):  benchmarks/gpu_checks.sh [OUT_DIR]
+# Logs and the JSON lines land in OUT_DIR (default: $OUT or out/gpu_checks).
+set -uo pipefail
+out=${1:-${OUT:-out/gpu_checks}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+{
+  date -u; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  git rev-parse HEAD 2>/dev/null || true
+} | tee "$out/env.txt"
+
+check() {  # check NAME ARGS...: one `tp-runtime check`, its summary to the log, JSON to checks.jsonl
+  local name=$1; shift
+  echo "== check $name: $*" | tee -a "$out/checks.log"
+  timeout 900 python3 -m tp_runtime.cli check "$@" 2>"$out/$name.err" | tee -a "$out/checks.log" | tail -1 \
+    | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d['name']='$name'; print(json.dumps(d))" \
+    >> "$out/checks.jsonl" || echo "check $name FAILED (see $name.err)" | tee -a "$out/checks.log"
+}
+
+timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+
+flash=(configs/v4_flash.yaml model.layers=2-5 workload.requests=4 "workload.prompt_len=[130, 700]"
+       "workload.decode_len=[8, 24]" runtime.max_len=1024 runtime.max_seqs=4 runtime.max_tokens_per_step=256)
+check tiny_tp1_hoisted configs/tiny.yaml parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
+check flash_tp1_hoisted "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
+if [ "$ngpu" -ge 2 ]; then
+  check tiny_tp2_wide configs/tiny.yaml parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=wide
+  check flash_tp2_hoisted "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted
+  check flash_tp2_eager "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=eager
+fi
+echo "== summary"; cat "$out/checks.log" | grep -E "^(==|  [a-z_]+ +max_rel_err|check .* FAILED)"
