@@ -105,10 +105,14 @@ class StepBuffers:
             self._copied.record()
         self.x[:n].copy_(x)
         self.x[n:n_padded].zero_()
-        m = self.meta
         max_pos = max((c.start + c.length - 1 for c in plan.chunks), default=0)
+        return self.view(n_padded, n, max_pos)
+
+    def view(self, n_padded: int, n_tokens: int, max_pos: int) -> StepBatch:
+        """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""
+        m = self.meta
         return StepBatch(self.x[:n_padded], m[0, :n_padded], m[1, :n_padded], m[2, :n_padded],
-                         m[3, :n_padded], m[4, :n_padded], n, n_padded, max_pos)
+                         m[3, :n_padded], m[4, :n_padded], n_tokens, n_padded, max_pos)
 
 
 class LiveBatch:

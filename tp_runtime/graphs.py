@@ -98,9 +98,12 @@ class _EagerCall:
     fn: Callable[..., None]
     args: tuple
     kwargs: dict
+    _live: tuple | None = None  # materialized aliases, built on the first replay and reused
 
     def __call__(self) -> None:
-        self.fn(*_unpack(self.args), **_unpack(self.kwargs))
+        if self._live is None:
+            self._live = (_unpack(self.args), _unpack(self.kwargs))
+        self.fn(*self._live[0], **self._live[1])
 
 
 # ------------------------------------------------------------------ one breakable graph

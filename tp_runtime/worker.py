@@ -71,14 +71,13 @@ class Worker:
 
     def _capture_graphs(self) -> StepGraphs:
         graphs = StepGraphs([s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity], self.device)
-        empty = StepPlan(())
+        # Capture on an all-padding step (slot -1, zero inputs): eager breaks then touch no cache row.
+        # The buffers are filled here, outside the capture: a copy captured into a segment would
+        # rerun at every replay and overwrite the live step's inputs.
         no_rows = torch.zeros(0, self.cfg.model.hidden_size, dtype=self.dtype, device=self.device)
-
-        def forward(size: int) -> torch.Tensor:  # an all-padding step: eager breaks touch no cache row
-            return self._forward(self.buffers.load(empty, no_rows, size))
-
+        self.buffers.load(StepPlan(()), no_rows, self.buffers.capacity)
         with torch.no_grad():
-            graphs.capture(forward)
+            graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0)))
         return graphs
 
     def close(self) -> None:
