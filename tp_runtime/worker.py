@@ -43,7 +43,8 @@ class Worker:
         self.load_report = self._load_weights()
         self.caches = self.stack.allocate_caches(rt.max_seqs, rt.max_len)
         capacity = rt.max_len if oneshot else max(rt.max_tokens_per_step, max(g.capture_sizes))
-        self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device)
+        self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device,
+                                   self.stack.token_list_keys())
         self.attn_out = torch.zeros(capacity, self.stack.attn_out_width(), dtype=self.dtype, device=self.device)
         self.live = LiveBatch()
         warm_up_collectives(tp)

@@ -38,10 +38,8 @@ def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, b: StepBatch, tok: 
 
 def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, b: StepBatch) -> None:
     """Store each sequence's newest R rows of this step at ring[slot, pos % R] (older ones would collide)."""
-    n = b.n_tokens
-    pos, last = b.pos[:n], b.last_pos[:n]
-    keep = (pos > last - ring.shape[1]).nonzero().squeeze(1)
-    ring[b.slot[keep], pos[keep].remainder(ring.shape[1])] = step_rows[keep].to(ring.dtype)
+    keep = b.lists[("newest", ring.shape[1])]
+    ring[b.slot[keep], b.pos[keep].remainder(ring.shape[1])] = step_rows[keep].to(ring.dtype)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, b: StepBatch, n_valid: torch.Tensor,
