@@ -29,9 +29,11 @@ flash=(configs/v4_flash.yaml model.layers=2-5 workload.requests=4 "workload.prom
        "workload.decode_len=[8, 24]" runtime.max_len=1024 runtime.max_seqs=4 runtime.max_tokens_per_step=256)
 check tiny_tp1_hoisted configs/tiny.yaml parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
 check flash_tp1_hoisted "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
+check flash_tp1_narrow "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow
 if [ "$ngpu" -ge 2 ]; then
   check tiny_tp2_wide configs/tiny.yaml parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=wide
   check flash_tp2_hoisted "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted
+  check flash_tp2_narrow "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=narrow
   check flash_tp2_eager "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=eager
 fi
 echo "== summary"; cat "$out/checks.log" | grep -E "^(==|  [a-z_]+ +max_rel_err|check .* FAILED)"

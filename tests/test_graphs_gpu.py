@@ -36,7 +36,7 @@ def _pair(*overrides: str):
     return cfg, graph, in_process(eager_cfg, keep_outputs=True)
 
 
-@pytest.mark.parametrize("scope", ["wide", "hoisted"])
+@pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])
 def test_replay_matches_eager_for_every_size(scope):
     cfg, graph, eager = _pair(f"graph.break_scope={scope}", *MANY)
     assert graph.graph["captured"] and graph.graph["eager_breaks_per_step"] == 6  # one per layer
@@ -71,7 +71,7 @@ def test_short_capture_replays_long_contexts():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("scope", ["wide", "hoisted"])
+@pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])
 def test_tp2_check_with_graphs(scope):
     proc = run_cli("check", TINY, "parallel.tp=2", "parallel.launcher=local", "graph.mode=breakable",
                    f"graph.break_scope={scope}", *MANY, timeout=600)

@@ -82,12 +82,3 @@ def test_indexer_topk_masks_and_breaks_ties_low():
     picks = indexer_topk(q, w, keys, _B(torch.tensor([0])), torch.tensor([1]), 5, 3)
     assert picks.tolist() == [[0, -1, -1]]  # fewer valid entries than K: the rest are empty
 
-
-def test_token_lists_from_the_plan():
-    from tp_runtime.batch import SeqChunk, StepPlan, _token_lists
-
-    plan = StepPlan((SeqChunk(0, 1, 2, 7, False), SeqChunk(1, 0, 127, 1, True), SeqChunk(2, 2, 0, 2, False)))
-    lists = _token_lists(plan, [("done", 4), ("done", 128), ("newest", 3)])
-    assert lists[("done", 4)] == [1, 5, 7]  # positions 3 and 7 of chunk 0; position 127 of chunk 1
-    assert lists[("done", 128)] == [7]
-    assert lists[("newest", 3)] == [4, 5, 6, 7, 8, 9]  # the last <= 3 tokens of every chunk

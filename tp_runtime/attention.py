@@ -4,9 +4,11 @@
             -> stage B behind an eager break (positions, caches, compressor, indexer, sparse attention)
             -> stage C (grouped wo_a, row-parallel wo_b, the layer's single all-reduce)
 
-`break_scope` places the break: "hoisted" captures stage A and breaks around stage B (the change of
-vLLM PR 44561); "wide" breaks around stages A and B together (DSV4 before it). Outside CUDA-graph
-capture the break is a plain call, so the same code is the eager path.
+`break_scope` places the break: "wide" breaks around stages A and B (DSV4 before vLLM PR 44561);
+"hoisted" captures stage A and breaks around stage B (that change); "narrow" also captures what
+needs only device metadata (wq_b, q/kv rotary, compressors, indexer query, window ring write) and
+breaks only around top-K selection and the sparse attention. Outside CUDA-graph capture the break
+is a plain call, so the same code is the eager path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from tp_runtime.batch import LiveBatch
+from tp_runtime.batch import LiveBatch, StepBatch
 from tp_runtime.cache import LayerCache
 from tp_runtime.compressor import Compressor
 from tp_runtime.config import ModelConfig
@@ -38,6 +40,15 @@ class StageA(NamedTuple):
     idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
     idx_kv: torch.Tensor | None  # [T, 2*Id] fp32 (r = 4)
     idx_score: torch.Tensor | None
+
+
+class Prepared(NamedTuple):
+    """Stage-B products that need only device metadata (capturable in the narrow scope)."""
+
+    q: torch.Tensor  # [T, Hl, D] per-head normed, roped
+    kv: torch.Tensor  # [T, D] roped, cache dtype: this step's window rows
+    idx_q: torch.Tensor | None  # [T, Ih, Id] roped indexer query (r = 4)
+    idx_w: torch.Tensor | None  # [T, Ih] indexer head weights (r = 4)
 
 
 class DSV4Attention(nn.Module):
@@ -70,8 +81,12 @@ class DSV4Attention(nn.Module):
         """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer."""
         if break_scope == "wide":
             attention_wide(self, x, live, cache, out)
-        else:
+        elif break_scope == "hoisted":
             attention_hoisted(self, self.stage_a(x), live, cache, out)
+        else:  # narrow: only top-K selection and the sparse attention stay in the break
+            p = self.prepare(self.stage_a(x), live.batch, cache)
+            attention_narrow(self, p, live, cache, out)
+            self.commit(p, live.batch, cache)
         return self.stage_c(out)
 
     def stage_a(self, x: torch.Tensor) -> StageA:
@@ -81,24 +96,38 @@ class DSV4Attention(nn.Module):
         return StageA(self.q_norm(qr), self.kv_norm(kv), *comp, *idx)
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
-        """Writes o [T, Hl*D] (inverse-roped attention output; padding rows zero) into out."""
-        b = live.batch
-        n = b.n_tokens
-        pos = b.pos[:n]
-        q = self.wq_b(a.qr[:n]).view(n, self.n_local_heads, self.D)
-        q = apply_rotary(rms_norm(q, None, self.eps), pos, self.rope)
-        kv = apply_rotary(a.kv[:n], pos, self.rope).to(cache.window.dtype)
+        """Steps 4-11 for the current step; writes the attention output into out."""
+        p = self.prepare(a, live.batch, cache)
+        self.attend(p, live, cache, out)
+        self.commit(p, live.batch, cache)
+
+    def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
+        """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
+        graph may capture it. Emits compressed entries and indexer keys into the caches."""
+        q = self.wq_b(a.qr).view(len(a.qr), self.n_local_heads, self.D)
+        q = apply_rotary(rms_norm(q, None, self.eps), b.pos, self.rope)
+        kv = apply_rotary(a.kv, b.pos, self.rope).to(cache.window.dtype)
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
-        picks = (self.indexer(a.qr, a.idx_w, a.idx_kv, a.idx_score, b, cache)
-                 if self.indexer is not None else None)
-        o = torch.empty_like(q)
+        idx_q = self.indexer.prepare(a.qr, a.idx_kv, a.idx_score, b, cache) if self.indexer else None
+        return Prepared(q, kv, idx_q, a.idx_w)
+
+    def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
+        """Steps 8-11 for the n real tokens: top-K, candidates, sparse attention with sink, inverse
+        rotary; writes o [n, Hl*D] into out (padding rows zero). Sizes come from host metadata."""
+        b = live.batch
+        n = b.n_tokens
+        picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
+        o = torch.empty_like(p.q[:n])
         for s, e in token_chunks(n, (self.W + self._n_compressed(b, picks)) * self.D):
-            rows, valid = self._candidates(kv, live, cache, picks, s, e)
-            o[s:e] = sparse_attention(q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
-        write_ring(cache.window, kv, b)  # after the gathers: they read the ring's older rows
-        out[:n] = apply_rotary(o, pos, self.rope, inverse=True).flatten(1)
+            rows, valid = self._candidates(p.kv, b, cache, picks, s, e)
+            o[s:e] = sparse_attention(p.q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
+        out[:n] = apply_rotary(o, b.pos[:n], self.rope, inverse=True).flatten(1)
         out[n:].zero_()
+
+    def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
+        """Step 6's ring write, after attention: the gathers read the ring's older rows."""
+        write_ring(cache.window, p.kv, b)
 
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
         """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
@@ -109,15 +138,14 @@ class DSV4Attention(nn.Module):
 
     # ------------------------------------------------------------ candidates of stage B
 
-    def _n_compressed(self, b, picks: torch.Tensor | None) -> int:
+    def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
         if picks is not None:
             return picks.shape[1]
         return (b.max_pos + 1) // self.ratio if self.ratio else 0
 
-    def _candidates(self, kv: torch.Tensor, live: LiveBatch, cache: LayerCache, picks: torch.Tensor | None,
+    def _candidates(self, kv: torch.Tensor, b: StepBatch, cache: LayerCache, picks: torch.Tensor | None,
                     s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [t, W + C, D] and validity [t, W + C] for tokens s..e: window rows, then compressed rows."""
-        b = live.batch
         tok = torch.arange(s, e, device=kv.device)
         pos = b.pos[s:e]
         wpos = pos[:, None] + torch.arange(1 - self.W, 1, device=kv.device)[None]  # [t, W], oldest first
@@ -145,3 +173,10 @@ def attention_hoisted(layer: DSV4Attention, a: StageA, live: LiveBatch, cache: L
                       out: torch.Tensor) -> None:
     """Eager region of the hoisted scope: stage B only (stage A stays in the captured segment)."""
     layer.stage_b(a, live, cache, out)
+
+
+@eager_break_during_capture
+def attention_narrow(layer: DSV4Attention, p: Prepared, live: LiveBatch, cache: LayerCache,
+                     out: torch.Tensor) -> None:
+    """Eager region of the narrow scope: indexer top-K and sparse attention (sizes from host metadata)."""
+    layer.attend(p, live, cache, out)

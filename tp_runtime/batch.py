@@ -56,54 +56,35 @@ class StepPlan:
 
 @dataclass
 class StepBatch:
-    """Views [n_padded] of the static buffers; tokens past n_tokens are padding (slot -1).
+    """Views [n_padded] of the static buffers; tokens past n_tokens are padding.
 
-    `lists` holds token-index lists the host derives from the plan, so stage B never asks the
-    device which tokens qualify (a `nonzero` would stall the host on the GPU every layer):
-    ("done", r): tokens that complete an r-token block; ("newest", R): the newest R tokens of
-    each chunk (the ones a ring of R rows keeps).
+    Padding tokens carry the trash slot (one spare row at the end of every cache), so device code
+    may process all n_padded tokens without a host-side mask: padding reads and writes only trash.
+    Captured code reads only the tensors; the host ints are for eager code.
     """
 
     x: torch.Tensor  # [T, hidden] input hidden states
-    slot: torch.Tensor  # [T] cache slot of each token's sequence
+    slot: torch.Tensor  # [T] cache slot of each token's sequence (trash slot for padding)
     pos: torch.Tensor  # [T] absolute position
     start_idx: torch.Tensor  # [T] flat index of the first token of this token's chunk
     start_pos: torch.Tensor  # [T] position of that first token
+    last_pos: torch.Tensor  # [T] position of the chunk's last token
     n_tokens: int  # real tokens (host)
     n_padded: int  # tokens the step runs with (a capture size, or n_tokens when eager)
     max_pos: int  # largest position in the step (host); bounds compressed candidate sets
-    lists: dict[tuple[str, int], torch.Tensor]  # name -> [count] token indices
-
-
-def _token_lists(plan: StepPlan, keys: list[tuple[str, int]]) -> dict[tuple[str, int], list[int]]:
-    out: dict[tuple[str, int], list[int]] = {k: [] for k in keys}
-    i = 0
-    for c in plan.chunks:
-        for kind, r in keys:
-            if kind == "done":  # positions p with (p + 1) % r == 0
-                first = c.start + (-(c.start + 1)) % r
-                out[(kind, r)] += [i + p - c.start for p in range(first, c.start + c.length, r)]
-            else:
-                out[(kind, r)] += list(range(i + max(0, c.length - r), i + c.length))
-        i += c.length
-    return out
 
 
 class StepBuffers:
     """Static device buffers for up to `capacity` tokens; `load` fills them for one plan."""
 
-    ROWS = 4  # slot, pos, start_idx, start_pos
-
-    def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                 list_keys: list[tuple[str, int]] = ()):
-        self.capacity, self.list_keys = capacity, list(list_keys)
+    def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device, trash_slot: int):
+        self.capacity, self.trash_slot = capacity, trash_slot
         self.x = torch.zeros(capacity, hidden, dtype=dtype, device=device)
-        rows = self.ROWS + len(self.list_keys)
-        self.meta = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-        self._host = torch.zeros(rows, capacity, dtype=torch.long, pin_memory=device.type == "cuda")
+        # Metadata rows: slot, pos, start_idx, start_pos, last_pos.
+        self.meta = torch.zeros(5, capacity, dtype=torch.long, device=device)
+        self._host = torch.zeros(5, capacity, dtype=torch.long, pin_memory=device.type == "cuda")
         # The host rows are copied asynchronously; this event says when they may be rewritten.
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
-        self._counts = {k: 0 for k in self.list_keys}
 
     def load(self, plan: StepPlan, x: torch.Tensor, n_padded: int) -> StepBatch:
         """Copy one step's inputs x [T, hidden] and metadata in; pad to n_padded tokens."""
@@ -116,17 +97,14 @@ class StepBuffers:
         if self._copied is not None:
             self._copied.synchronize()
         h[:, :n_padded] = 0
-        h[0, :n_padded] = -1
+        h[0, :n_padded] = self.trash_slot
         i = 0
         for c in plan.chunks:
             j = i + c.length
             h[0, i:j] = c.slot
             h[1, i:j] = torch.arange(c.start, c.start + c.length)
-            h[2, i:j], h[3, i:j] = i, c.start
+            h[2, i:j], h[3, i:j], h[4, i:j] = i, c.start, c.start + c.length - 1
             i = j
-        for row, (key, idx) in enumerate(_token_lists(plan, self.list_keys).items(), start=self.ROWS):
-            h[row, : len(idx)] = torch.tensor(idx, dtype=torch.long)
-            self._counts[key] = len(idx)
         self.meta[:, :n_padded].copy_(h[:, :n_padded], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
@@ -138,10 +116,8 @@ class StepBuffers:
     def view(self, n_padded: int, n_tokens: int, max_pos: int) -> StepBatch:
         """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""
         m = self.meta
-        counts = self._counts if n_tokens else {k: 0 for k in self.list_keys}
-        lists = {k: m[self.ROWS + r, : counts[k]] for r, k in enumerate(self.list_keys)}
         return StepBatch(self.x[:n_padded], m[0, :n_padded], m[1, :n_padded], m[2, :n_padded],
-                         m[3, :n_padded], n_tokens, n_padded, max_pos, lists)
+                         m[3, :n_padded], m[4, :n_padded], n_tokens, n_padded, max_pos)
 
 
 class LiveBatch:

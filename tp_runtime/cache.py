@@ -1,5 +1,9 @@
 """Per-layer caches of one rank, indexed by sequence slot, and the pool of free slots.
 
+Every cache has one spare slot at the end, the trash slot: writes that must not land (padding
+tokens, ring rows a later token of the chunk supersedes, entries no block completes) go there,
+so device code needs no host-side selection and stays capturable.
+
 DSV4 attention has a single shared KV row per token (K = V), so caches are not split by heads:
 every rank of the TP group holds the same caches. Layout per slot and layer (spec section 4):
 window ring [W, D]; compressed rows [ceil(max_len / r), D]; compressor state ring [c*r, c*D] of kv
@@ -51,7 +55,8 @@ class LayerCache:
 
 def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int, dtype: torch.dtype,
                          device: torch.device) -> LayerCache:
-    D = cfg.head_dim
+    """Caches with slots + 1 rows: the last is the trash slot that padding and discarded writes use."""
+    D, slots = cfg.head_dim, slots + 1
     cache = LayerCache(window=torch.zeros(slots, cfg.sliding_window, D, dtype=dtype, device=device))
     if ratio:
         cache.compressed = torch.zeros(slots, compressed_len(max_len, ratio), D, dtype=dtype, device=device)

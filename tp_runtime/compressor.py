@@ -15,7 +15,7 @@ from torch import nn
 from tp_runtime.batch import StepBatch
 from tp_runtime.cache import RingState
 from tp_runtime.layers import ReplicatedLinear, RMSNorm
-from tp_runtime.ops.torch_path import gather_rows, write_ring
+from tp_runtime.ops.torch_path import gather_rows, token_chunks, write_ring
 from tp_runtime.rope import RotaryTable, apply_rotary
 
 
@@ -39,26 +39,31 @@ class Compressor(nn.Module):
 
     def forward(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, state: RingState,
                 out: torch.Tensor) -> None:
-        """Stage B: emit the entries completed in this step into out [slots, N, D]; update state."""
-        n, r = b.n_tokens, self.ratio
-        pos = b.pos[:n]
-        kv, score = kv[:n], score[:n] + self.ape[pos.remainder(r)]
-        done = b.lists[("done", r)]  # tokens that complete a block (host-derived: no device sync)
-        if done.numel():
-            entries = self._pool(kv, score, b, state, done)
-            block = pos[done] // r
-            entries = apply_rotary(self.norm(entries), block * r, self.rope)
-            out[b.slot[done], block] = entries.to(out.dtype)
-        write_ring(state.kv, kv, b)
+        """Stage B: emit the entries completed in this step into out [slots+1, N, D]; update state.
+
+        Every token of the step is pooled as if it completed a block; the entries of tokens that
+        do not (and of padding) land in the trash slot. That keeps this free of host decisions,
+        hence capturable, at the price of pooling work for the tokens that complete nothing.
+        """
+        r, pos = self.ratio, b.pos
+        score = score + self.ape[pos.remainder(r)]
+        trash = out.shape[0] - 1
+        for s, e in token_chunks(len(pos), state.kv.shape[1] * state.kv.shape[2]):
+            tok = torch.arange(s, e, device=pos.device)
+            block = pos[s:e] // r
+            entries = apply_rotary(self.norm(self._pool(kv, score, b, state, tok)), block * r, self.rope)
+            slot = torch.where((pos[s:e] + 1).remainder(r) == 0, b.slot[s:e], trash)
+            out[slot, block] = entries.to(out.dtype)
+        write_ring(state.kv, kv, b)  # after pooling: it read the ring's older rows
         write_ring(state.score, score, b)
 
     def _pool(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, state: RingState,
-              done: torch.Tensor) -> torch.Tensor:
-        """Softmax-weighted sum per channel over each completed block's candidates -> [E, D] fp32."""
+              tok: torch.Tensor) -> torch.Tensor:
+        """Softmax-weighted sum per channel over the block ending at each token of tok -> [E, D] fp32."""
         span = state.kv.shape[1]  # c*r candidate tokens, oldest first
-        qpos = b.pos[done][:, None] + torch.arange(1 - span, 1, device=kv.device)[None]
-        rows, valid = gather_rows(kv, state.kv, b, done, qpos)  # [E, c*r, c*D]
-        gates, _ = gather_rows(score, state.score, b, done, qpos)
+        qpos = b.pos[tok][:, None] + torch.arange(1 - span, 1, device=kv.device)[None]
+        rows, valid = gather_rows(kv, state.kv, b, tok, qpos)  # [E, c*r, c*D]
+        gates, _ = gather_rows(score, state.score, b, tok, qpos)
         if self.overlap:  # previous block contributes channels [0, D), current block [D, 2D)
             D, r = self.head_dim, self.ratio
             rows = torch.cat((rows[:, :r, :D], rows[:, r:, D:]), dim=1)

@@ -112,7 +112,7 @@ class WorkloadConfig:
 @dataclass
 class GraphConfig:
     mode: str = field(default="eager", metadata=_choices("eager", "breakable"))
-    break_scope: str = field(default="hoisted", metadata=_choices("wide", "hoisted"))
+    break_scope: str = field(default="hoisted", metadata=_choices("wide", "hoisted", "narrow"))
     capture_sizes: list[int] = field(default_factory=lambda: [64, 32, 16, 8, 4, 2, 1])
 
 

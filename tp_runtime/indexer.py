@@ -33,13 +33,15 @@ class Indexer(nn.Module):
         """Stage A: x [T, hidden] -> head weights [T, Ih], compressor kv and score [T, 2*Id] fp32."""
         return (self.weights_proj(x), *self.compressor.project(x))
 
-    def forward(self, qr: torch.Tensor, w: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
+    def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
                 cache: LayerCache) -> torch.Tensor:
-        """Stage B: the chosen compressed entries [T, min(K, N)] per real token, -1 where none."""
-        n = b.n_tokens
-        pos = b.pos[:n]
+        """Stage B, device metadata only: emit this step's keys; return the roped query [T, Ih, Id]."""
         self.compressor(kv, score, b, cache.index_state, cache.index_keys)
-        q = self.wq_b(qr[:n]).view(n, self.n_heads, self.head_dim)
-        q = apply_rotary(q, pos, self.rope)
+        q = self.wq_b(qr).view(len(qr), self.n_heads, self.head_dim)
+        return apply_rotary(q, b.pos, self.rope)
+
+    def select(self, q: torch.Tensor, w: torch.Tensor, b: StepBatch, cache: LayerCache) -> torch.Tensor:
+        """Stage B, host metadata: the chosen entries [n, min(K, N)] of the n real tokens, -1 where none."""
+        n = b.n_tokens
         n_keys = (b.max_pos + 1) // 4  # entries any token of this step may see (host bound)
-        return indexer_topk(q, w[:n], cache.index_keys, b, (pos + 1) // 4, n_keys, self.topk)
+        return indexer_topk(q[:n], w[:n], cache.index_keys, b, (b.pos[:n] + 1) // 4, n_keys, self.topk)

@@ -40,11 +40,6 @@ class AttentionStack(nn.Module):
     def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
         return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device) for r in self.ratios]
 
-    def token_list_keys(self) -> list[tuple[str, int]]:
-        """Token lists stage B reads (see batch.StepBatch): block completions and ring keepers."""
-        rings = {self.cfg.sliding_window} | {(2 if r == 4 else 1) * r for r in self.ratios if r}
-        return [("done", r) for r in sorted(set(self.ratios) - {0})] + [("newest", R) for R in sorted(rings)]
-
     def attn_out_width(self) -> int:
         """Width of the eager break's output buffer: Hl * D."""
         return self.cfg.num_attention_heads // self.tp.size * self.cfg.head_dim

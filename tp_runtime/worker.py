@@ -44,7 +44,7 @@ class Worker:
         self.caches = self.stack.allocate_caches(rt.max_seqs, rt.max_len)
         capacity = rt.max_len if oneshot else max(rt.max_tokens_per_step, max(g.capture_sizes))
         self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device,
-                                   self.stack.token_list_keys())
+                                   trash_slot=rt.max_seqs)
         self.attn_out = torch.zeros(capacity, self.stack.attn_out_width(), dtype=self.dtype, device=self.device)
         self.live = LiveBatch()
         warm_up_collectives(tp)
@@ -72,7 +72,7 @@ class Worker:
 
     def _capture_graphs(self) -> StepGraphs:
         graphs = StepGraphs([s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity], self.device)
-        # Capture on an all-padding step (slot -1, zero inputs): eager breaks then touch no cache row.
+        # Capture on an all-padding step (trash slot, zero inputs): no real cache row is touched.
         # The buffers are filled here, outside the capture: a copy captured into a segment would
         # rerun at every replay and overwrite the live step's inputs.
         no_rows = torch.zeros(0, self.cfg.model.hidden_size, dtype=self.dtype, device=self.device)

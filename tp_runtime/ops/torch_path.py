@@ -37,9 +37,11 @@ def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, b: StepBatch, tok: 
 
 
 def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, b: StepBatch) -> None:
-    """Store each sequence's newest R rows of this step at ring[slot, pos % R] (older ones would collide)."""
-    keep = b.lists[("newest", ring.shape[1])]
-    ring[b.slot[keep], b.pos[keep].remainder(ring.shape[1])] = step_rows[keep].to(ring.dtype)
+    """Store each sequence's newest R rows of this step at ring[slot, pos % R]; older rows of the
+    chunk (which would collide with them) and padding go to the trash slot (the ring's last row)."""
+    R = ring.shape[1]
+    slot = torch.where(b.pos > b.last_pos - R, b.slot, ring.shape[0] - 1)
+    ring[slot, b.pos.remainder(R)] = step_rows.to(ring.dtype)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, b: StepBatch, n_valid: torch.Tensor,
