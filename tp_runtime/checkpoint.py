@@ -15,6 +15,9 @@ dtype, shape, scale shape) and reads the scale bytes of the shard; only then doe
 the stack, so a bad checkpoint leaves the stack untouched. A rank opens only the files the index names
 for its tensors and reads only the rows (column-parallel) or columns (row-parallel) of its shard, then
 dequantizes on its device in the run dtype (exact there: an fp8 value times a power of two).
+A column range of row-parallel wo_b is a short run in every row: only those bytes are copied, but
+where a run is shorter than a 4 KiB page the memory map faults in the pages of the whole tensor
+(page cache, shared by the ranks of a node, released when the file is closed).
 
     tp-runtime write-checkpoint configs/tiny.yaml /tmp/ckpt --files 3
     tp-runtime run configs/tiny.yaml model.checkpoint=/tmp/ckpt parallel.tp=2
