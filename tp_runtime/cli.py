@@ -3,6 +3,8 @@
     tp-runtime run configs/tiny.yaml                      # the embedded default workload
     tp-runtime run configs/tiny.yaml parallel.tp=4 workload.requests=16
     tp-runtime check configs/tiny.yaml                    # tp / one-shot / oracle comparisons
+    tp-runtime write-checkpoint configs/tiny.yaml /tmp/ckpt --files 3   # seeded weights as a DSV4 checkpoint
+    tp-runtime run configs/tiny.yaml model.checkpoint=/tmp/ckpt
 
 Each command prints a short summary and, as its last stdout line, one JSON object.
 Bad configs and inputs are refused before any rank starts, with the key or tensor named.
@@ -14,6 +16,7 @@ import argparse
 import json
 import sys
 
+from tp_runtime.checkpoint import CheckpointError, validate_checkpoint, write_checkpoint
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.workload import InputError, read_inputs
 
@@ -27,13 +30,20 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         s.add_argument("config", help="YAML config file")
         s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. parallel.tp=4")
+    w = sub.add_parser("write-checkpoint", help="write the config's seeded weights as a DeepSeek-V4 FP8 checkpoint")
+    w.add_argument("config", help="YAML config file")
+    w.add_argument("out_dir", help="directory to write config.json, the index and the safetensors files to")
+    w.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.layers=0-7")
+    w.add_argument("--files", type=int, default=4, help="number of safetensors files (whole layers each)")
     return p
 
 
 def _validate_inputs(cfg: RunConfig) -> None:
-    """Refuse a bad input file here, before any rank computes."""
+    """Refuse a bad input file or checkpoint here, before any rank computes."""
     if cfg.workload.inputs:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
+    if cfg.model.checkpoint:
+        validate_checkpoint(cfg.model, cfg.model.checkpoint)
 
 
 def _cmd_run(cfg: RunConfig) -> int:
@@ -56,16 +66,30 @@ def _cmd_check(cfg: RunConfig) -> int:
     return 0 if rec["ok"] else 1
 
 
+def _cmd_write_checkpoint(cfg: RunConfig, out_dir: str, n_files: int) -> int:
+    rec = write_checkpoint(cfg, out_dir, n_files)
+    print(f"tp_runtime write-checkpoint: {rec['layers']} layers, {rec['tensors']} tensors, "
+          f"{rec['bytes'] / 2**20:.1f} MiB in {rec['files']} files under {rec['directory']}")
+    print(json.dumps({"command": "write-checkpoint", **rec}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)  # write-checkpoint: overrides may follow --files
+    if extra and (args.command != "write-checkpoint" or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides += extra
     try:
         if args.command == "bench":
             from tp_runtime.bench import run_bench
 
             return run_bench(args.config, args.overrides)
         cfg = load_config(args.config, args.overrides)
+        if args.command == "write-checkpoint":
+            return _cmd_write_checkpoint(cfg, args.out_dir, args.files)
         _validate_inputs(cfg)
-    except (ConfigError, InputError) as e:
+    except (ConfigError, InputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from tp_runtime.launcher import LaunchError
