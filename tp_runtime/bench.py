@@ -32,11 +32,13 @@ from tp_runtime.bench_report import print_tables, split_records, summary, write_
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.launcher import LaunchError, _failure_message
 
-__all__ = ["bench_entry", "launch_plan", "run_bench", "run_on_ranks"]
+__all__ = ["bench_entry", "launch_plan", "run_bench", "run_elastic", "run_on_ranks"]
 
 
 def _label(variant: tuple) -> str:
-    return ",".join(f"{k.removeprefix('model.')}={v}" for k, v in variant) or "base"
+    """'base', or e.g. 'v4_pro,num_hidden_layers=8' (a model file by its stem)."""
+    words = [Path(v).stem if k == "model_file" else f"{k.removeprefix('model.')}={v}" for k, v in variant]
+    return ",".join(words) or "base"
 
 
 def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
@@ -72,7 +74,7 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any) -> Any:
                           "`torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]`")
     if p.tp == 1:
         return entry(*args)
-    return _elastic(cfg, entry, args)
+    return run_elastic(p.tp, entry, args)
 
 
 def _ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
@@ -89,16 +91,17 @@ def _ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
     return ray_launch.launch_ray(cfg, entry=entry, args=args)
 
 
-def _elastic(cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
-    """tp processes on this host through torch's elastic agent, c10d rendezvous on a free port."""
+def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
+    """entry(*args) in nproc processes on this host (torch's elastic agent, c10d rendezvous on a free
+    port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.tp,
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                       run_id=f"tp-runtime-bench-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
                       rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.tp)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
         return elastic_launch(lc, entry)(*args)[0]
     except ChildFailedError as e:

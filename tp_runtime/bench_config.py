@@ -2,6 +2,7 @@
 
     name: scaling
     base: v4_flash.yaml            # a run config file (relative to this file) or an inline mapping
+    overrides: [parallel.launcher=local]   # words as on the command line, applied first
     grid:                          # every combination is one point
       parallel.tp: [1, 2, 4]
       bench.batch: [1, 8, 32, 128]
@@ -36,7 +37,7 @@ MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
 RUN_AXES = ("runtime.dtype",)  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
-TOP_KEYS = ("name", "base", "grid", "bench")
+TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
 
 
 @dataclass
@@ -130,7 +131,10 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepCon
     grid = dict(data.get("grid") or {})
     bench = dict(data.get("bench") or {})
     name = data.get("name", path.stem)
-    for word in overrides or []:
+    in_file = data.get("overrides") or []
+    if not isinstance(in_file, list) or not all(isinstance(w, str) for w in in_file):
+        raise ConfigError(f"{path}: 'overrides' must be a list of 'key=value' strings, got {in_file!r}")
+    for word in in_file + list(overrides or []):
         key, value = parse_override(word)
         where = f"override {word!r}"
         if key == "name":

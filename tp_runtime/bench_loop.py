@@ -111,7 +111,8 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"}
     if dev.type == "cuda":
         info["cuda"] = torch.version.cuda
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     info.update(copy_bandwidth(dev, s["copy_mib"]))
     return info
 
@@ -120,13 +121,19 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
 
 
 def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
-    tp = env.tp
-    lanes = [Lane(mode, mode, Worker(config_from_dict(d, f"{env.name} {mode}"), tp))
-             for mode, d in group["workers"].items()]
-    for mode, d in group.get("baselines", {}).items():
-        worker = Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single_process(tp.device)) \
-            if tp.rank == 0 else None
-        lanes.append(Lane(f"tp1:{mode}", mode, worker, baseline=True))
+    """One Worker per mode (every rank), then rank 0's tp = 1 baselines; on failure the built ones are freed
+    (graphs must be gone before the process group is destroyed)."""
+    tp, lanes = env.tp, []
+    try:
+        for mode, d in group["workers"].items():
+            lanes.append(Lane(mode, mode, Worker(config_from_dict(d, f"{env.name} {mode}"), tp)))
+        for mode, d in group.get("baselines", {}).items():
+            worker = (Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single_process(tp.device))
+                      if tp.rank == 0 else None)
+            lanes.append(Lane(f"tp1:{mode}", mode, worker, baseline=True))
+    except BaseException:
+        _release(lanes)
+        raise
     if tp.size > 1:
         dist.barrier(group=tp.cpu_group)  # nobody starts stepping while rank 0 still builds baselines
     return lanes
@@ -173,11 +180,11 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
         env.on(lane, lambda: fill_s.update({lane.name: _fill(lane, batch, context, fill, s)}))
     steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
     for lane in lanes:
-        lane.replayed, lane.finite = 0, True
-        env.on(lane, lambda: _decode(lane, batch, s.warmup_steps))
+        env.on(lane, lambda: _decode(lane, batch, s.warmup_steps, s.seed))
+        lane.replayed, lane.finite = 0, True  # count the timed steps only
     for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
         for lane in lanes:
-            env.on(lane, lambda: steps[lane.name].append(_decode(lane, batch, s.timed_steps)))
+            env.on(lane, lambda: steps[lane.name].append(_decode(lane, batch, s.timed_steps, s.seed)))
     main = [lane for lane in lanes if not lane.baseline]
     breaks = {lane.name: _break_ms(lane, batch, s) for lane in main}
     prefill = {lane.name: _prefill_ms(lane, s) for lane in main}
@@ -214,10 +221,10 @@ def _decode_plan(batch: int, pos: int) -> StepPlan:
     return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in range(batch)))
 
 
-def _decode(lane: Lane, batch: int, n: int, on_break: BreakTimer | None = None) -> list[float]:
+def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None) -> list[float]:
     """n decode steps of slots 0..batch-1 at the lane's next positions; per-step ms (inputs made beforehand)."""
     w = lane.worker
-    inputs = Workload([], w.cfg.model.hidden_size, 0)
+    inputs = Workload([], w.cfg.model.hidden_size, seed)
     plans = [_decode_plan(batch, lane.pos + i) for i in range(n)]
     xs = [inputs.step_inputs(p, w.device, w.dtype) for p in plans]
     timer = StepTimer(w.device)
@@ -242,7 +249,7 @@ def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
         return None
     bt = BreakTimer(lane.worker.device)
     replayed0 = lane.replayed
-    step_ms = _decode(lane, batch, s.break_steps, bt)
+    step_ms = _decode(lane, batch, s.break_steps, s.seed, bt)
     lane.replayed = replayed0  # these steps are not among the timed ones
     return {"break_ms": statistics.median(bt.per_step_ms()), "step_ms": statistics.median(step_ms),
             "calls_per_step": bt.calls / max(1, s.break_steps)}
@@ -253,7 +260,7 @@ def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
     if s.prefill_steps == 0:
         return []
     w, n = lane.worker, s.prefill_chunk
-    inputs = Workload([], w.cfg.model.hidden_size, 0)
+    inputs = Workload([], w.cfg.model.hidden_size, s.seed)
     timer = StepTimer(w.device)
     for i in range(1 + s.prefill_steps):
         plan = StepPlan((SeqChunk(0, 0, lane.pos, n, False),))
@@ -299,8 +306,10 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
                 "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total,
                 "roofline_comm_ms": n_layers * ar_ms if tp > 1 else 0.0, "roofline_model_ms": model_ms,
                 "roofline_ratio": st["median"] / model_ms})
-    if fill_s is not None:
-        rec.update({"fill_s": fill_s, "fill_tokens_per_s": batch * ctx / fill_s if fill_s > 0 else None})
+    if fill_s is not None:  # seconds to build the cache; for a real prefill also its throughput
+        rec["fill_s"] = fill_s
+        if point["cache_fill"] == "prefill":
+            rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None
     return rec
 
 

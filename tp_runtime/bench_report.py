@@ -52,8 +52,8 @@ def summary(name: str, config: str, overrides: list[str], points: list[dict], co
             "speedups": headline(comparisons), "wall_s": round(wall_s, 2)}
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+def _fmt(x: float | None, width: int, prec: int) -> str:
+    return "-".rjust(width) if x is None else f"{x:>{width}.{prec}f}"
 
 
 def points_table(points: list[dict]) -> str:
@@ -67,7 +67,7 @@ def points_table(points: list[dict]) -> str:
             f"{p['variant'][:18]:<18} {p['tp']:>2} {p['mode']:<17} {p['batch']:>5} {p['context']:>6} "
             f"{p['cache_fill']:<7} {p['step_ms_median']:>9.3f} {p['step_ms_p90']:>9.3f} "
             f"{p['decode_tokens_per_s']:>9.1f} {p['break_fraction']:>6.0%} "
-            f"{_fmt(p['prefill_tokens_per_s'], '>9.1f')} {ar * 1e3:>7.1f} {p['roofline_model_ms']:>9.4f} "
+            f"{_fmt(p['prefill_tokens_per_s'], 9, 1)} {ar * 1e3:>7.1f} {p['roofline_model_ms']:>9.4f} "
             f"{p['roofline_ratio']:>6.1f}")
     return "\n".join(rows)
 
