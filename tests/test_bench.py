@@ -82,7 +82,7 @@ def test_tiny_sweep_local_tp1_tp2(tmp_path, capsys):
         assert c["speedup_min"] <= c["speedup_q1"] <= c["speedup_q3"] <= c["speedup_max"]
         assert c["efficiency"] == pytest.approx(c["speedup"] / 2)
     assert {c["tp"] for c in comps if c["what"] == "prefill_vs_seeded"} == {1, 2}
-    assert json.loads((d / "summary.json").read_text()) == summ
+    assert json.loads((d / "summary.json").read_text()) == summ and summ["plots"] == "written"
     for name in ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png"):
         assert name in summ["files"]
         _assert_png(d / name)
@@ -204,6 +204,30 @@ def test_roofline_weights_equal_a_shards_parameters():
                            torch.device("cpu"))
     held = sum(p.numel() * p.element_size() for p in shard.parameters())
     assert step_bytes(m, 2, 1, 1, 2).weights == held
+
+
+def test_roofline_weights_match_the_specs_flash_figures():
+    """DSV4_ATTENTION.md: ~107M parameters per layer in wq_a/wkv/wq_b/wo_a/wo_b (100.7M of them sharded),
+    +19.1M (r = 4) or +4.3M (r = 128) replicated, ~5.09B over 43 layers. At 1 byte per element the byte
+    count is the parameter count plus small fp32 extras (sink, ape, norms): within 0.5 %."""
+    m = load_config(ROOT / "configs" / "v4_flash.yaml").model
+    count = {r: layer_weight_bytes(m, r, 1, 1) for r in (0, 4, 128)}
+    assert count[0] == pytest.approx(107.0e6, rel=5e-3)
+    assert count[4] - count[0] == pytest.approx(19.1e6, rel=5e-3)
+    # r = 128: ape [128, 512] is fp32, 3 bytes per element above the 1-byte count; 4.26M quoted as 4.3M.
+    assert count[128] - count[0] - 3 * 128 * 512 == pytest.approx(4.3e6, rel=2e-2)
+    assert count[0] - layer_weight_bytes(m, 0, 4, 1) == pytest.approx(100.7e6 * 3 / 4, rel=5e-3)
+    assert step_bytes(m, 1, 0, 0, 1).weights == pytest.approx(5.09e9, rel=5e-3)
+
+
+def test_scaling_sweep_config_is_the_h200_grid():
+    sweep = load_sweep(ROOT / "configs" / "bench_scaling.yaml")
+    assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted"]
+    assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
+    cfg = sweep.worker_config(4, sweep.variants()[0], "breakable-hoisted")
+    assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 8)
+    assert cfg.graph.capture_sizes == [128, 32, 8, 1] and cfg.parallel.launcher == "local"
+    assert cfg.runtime.max_len == 32768 + sweep.headroom()
 
 
 # ------------------------------------------------------------------ cache seeding vs real prefill

@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 from tp_runtime.bench_config import SweepConfig, load_sweep
 from tp_runtime.bench_loop import bench_entry
-from tp_runtime.bench_plots import write_plots
 from tp_runtime.bench_report import print_tables, split_records, summary, write_jsonl
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.launcher import LaunchError, _failure_message
@@ -120,9 +119,17 @@ def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[
     write_jsonl(out_dir / "points.jsonl", points)
     write_jsonl(out_dir / "comparisons.jsonl", comparisons)
     files = ["points.jsonl", "comparisons.jsonl", "summary.json"]
+    plots = "off (bench.plots=false)"
     if sweep.bench.plots and points:
-        files += write_plots(points, comparisons, out_dir)
+        try:  # the JSON is the result; a machine without matplotlib still gets it
+            from tp_runtime.bench_plots import write_plots
+        except ImportError as e:
+            plots = f"skipped: {e}"
+        else:
+            files += write_plots(points, comparisons, out_dir)
+            plots = "written"
     summ = summary(sweep.name, config, overrides, points, comparisons, out_dir, files, wall_s)
+    summ["plots"] = plots
     (out_dir / "summary.json").write_text(json.dumps(summ, indent=2) + "\n")
     print_tables(points, comparisons)
     print(json.dumps(summ), flush=True)
