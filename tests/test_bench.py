@@ -152,6 +152,17 @@ def test_bad_sweep_file_via_cli(tmp_path, capsys):
     assert "unknown key 'benchmark'" in err and str(bad) in err
 
 
+def test_bad_base_file_is_refused(tmp_path):
+    (tmp_path / "base.yaml").write_text("model: [unclosed\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("base: base.yaml\ngrid: {bench.batch: [1], bench.context: [8]}\n")
+    with pytest.raises(ConfigError, match="base.yaml: not valid YAML"):
+        load_sweep(sweep)
+    sweep.write_text("base: missing.yaml\ngrid: {bench.batch: [1], bench.context: [8]}\n")
+    with pytest.raises(ConfigError, match="file 'missing.yaml' not found"):
+        load_sweep(sweep)
+
+
 def test_worker_configs_follow_the_grid():
     sweep = load_sweep(TINY_SWEEP, ["grid.modes=[eager,breakable-wide]", "grid.model.num_hidden_layers=[3,6]"])
     assert len(sweep.variants()) == 2

@@ -159,7 +159,7 @@ def _base_mapping(base: Any, sweep_path: Path) -> dict:
     if not isinstance(base, str):
         raise ConfigError(f"{sweep_path}: 'base' must be a run config file or an inline mapping, got {base!r}")
     file = _resolve(base, sweep_path)
-    data = yaml.safe_load(file.read_text()) or {}
+    data = _read_yaml(file)
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: a run config must be a mapping")
     return data
@@ -174,8 +174,15 @@ def _resolve(name: str, sweep_path: Path | str) -> Path:
                       "working directory)")
 
 
+def _read_yaml(file: Path) -> Any:
+    try:
+        return yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: not valid YAML ({e})") from None
+
+
 def _model_section(name: str, sweep_path: str) -> dict:
-    data = yaml.safe_load(_resolve(name, sweep_path).read_text()) or {}
+    data = _read_yaml(_resolve(name, sweep_path))
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise ConfigError(f"{sweep_path}: grid 'model_file' value {name!r} has no 'model:' section")
     return data["model"]
