@@ -1,0 +1,179 @@
+"""`tp-runtime bench SWEEP [key=value ...]`: decode-step scaling benchmarks against a roofline.
+
+    tp-runtime bench configs/bench_tiny.yaml                        # CPU smoke sweep (tp 1 and 2)
+    tp-runtime bench configs/bench_scaling.yaml                     # H200 grid (needs 4 GPUs for tp = 4)
+    tp-runtime bench configs/bench_scaling.yaml grid.parallel.tp=[1,2] bench.repeats=3
+    tp-runtime bench configs/bench_scaling.yaml parallel.launcher=ray
+    torchrun --nproc-per-node 2 -m tp_runtime.bench configs/bench_scaling.yaml   # the tp = 2 points
+
+One launch per tp value runs `bench_loop.bench_entry` on every rank (in this process for tp = 1, the
+elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
+<bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
+follow, and the last stdout line is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from tp_runtime.bench_config import SweepConfig, load_sweep
+from tp_runtime.bench_loop import bench_entry
+from tp_runtime.bench_report import print_tables, split_records, summary, write_jsonl
+from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.launcher import LaunchError, _failure_message
+
+__all__ = ["bench_entry", "launch_plan", "run_bench", "run_elastic", "run_on_ranks"]
+
+
+def _label(variant: tuple) -> str:
+    """'base', or e.g. 'v4_pro,num_hidden_layers=8' (a model file by its stem)."""
+    words = [Path(v).stem if k == "model_file" else f"{k.removeprefix('model.')}={v}" for k, v in variant]
+    return ",".join(words) or "base"
+
+
+def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
+    """One (rank config, bench_dict) per tp value: the arguments of `bench_entry` on every rank."""
+    variants, modes, s = sweep.variants(), sweep.modes, sweep.bench
+    per_tp = sweep.n_points()
+    plan = []
+    for i, tp in enumerate(sweep.tps):
+        groups = []
+        for variant in variants:
+            baselines = ({m: sweep.worker_config(1, variant, m).to_dict() for m in modes}
+                         if tp > 1 and s.compare_tp1 else {})
+            groups.append({"label": _label(variant), "variant": [list(kv) for kv in variant],
+                           "batches": list(sweep.grid["bench.batch"]), "contexts": list(sweep.grid["bench.context"]),
+                           "workers": {m: sweep.worker_config(tp, variant, m).to_dict() for m in modes},
+                           "baselines": baselines})
+        bench_dict = {"name": sweep.name, "settings": dataclasses.asdict(s), "groups": groups,
+                      "progress": {"offset": i * per_tp, "total": per_tp * len(sweep.tps)}}
+        plan.append((sweep.worker_config(tp, variants[0], modes[0]), bench_dict))
+    return plan
+
+
+# ------------------------------------------------------------------ launchers
+
+
+def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any) -> Any:
+    """Run entry(*args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's result."""
+    p = cfg.parallel
+    if p.launcher == "ray":
+        return _ray(cfg, entry, args)
+    if p.launcher == "torchrun":
+        raise LaunchError("parallel.launcher=torchrun: start the ranks with "
+                          "`torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]`")
+    if p.tp == 1:
+        return entry(*args)
+    return run_elastic(p.tp, entry, args)
+
+
+def _ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
+    """Ray actors run `entry` through ray_launch.launch_ray(cfg, entry=..., args=...)."""
+    try:
+        from tp_runtime import ray_launch
+    except ImportError as e:
+        raise LaunchError(f"parallel.launcher=ray needs tp_runtime.ray_launch, which cannot be imported ({e})") \
+            from None
+    params = inspect.signature(ray_launch.launch_ray).parameters
+    if not {"entry", "args"} <= set(params):
+        raise LaunchError("parallel.launcher=ray: tp_runtime.ray_launch.launch_ray does not accept "
+                          "entry= and args=, so it cannot run the benchmark's per-rank entry")
+    return ray_launch.launch_ray(cfg, entry=entry, args=args)
+
+
+def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
+    """entry(*args) in nproc processes on this host (torch's elastic agent, c10d rendezvous on a free
+    port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                      run_id=f"tp-runtime-bench-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                      rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        return elastic_launch(lc, entry)(*args)[0]
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): {_failure_message(failure)}") \
+            from None
+
+
+# ------------------------------------------------------------------ the command
+
+
+def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> dict:
+    """Write JSON lines, summary and plots; print the tables and the JSON summary (last stdout line)."""
+    out_dir = Path(sweep.bench.output) / sweep.name
+    points, comparisons = split_records(records)
+    write_jsonl(out_dir / "points.jsonl", points)
+    write_jsonl(out_dir / "comparisons.jsonl", comparisons)
+    files = ["points.jsonl", "comparisons.jsonl", "summary.json"]
+    plots = "off (bench.plots=false)"
+    if sweep.bench.plots and points:
+        try:  # the JSON is the result; a machine without matplotlib still gets it
+            from tp_runtime.bench_plots import write_plots
+        except ImportError as e:
+            plots = f"skipped: {e}"
+        else:
+            files += write_plots(points, comparisons, out_dir)
+            plots = "written"
+    summ = summary(sweep.name, config, overrides, points, comparisons, out_dir, files, wall_s)
+    summ["plots"] = plots
+    (out_dir / "summary.json").write_text(json.dumps(summ, indent=2) + "\n")
+    print_tables(points, comparisons)
+    print(json.dumps(summ), flush=True)
+    return summ
+
+
+def run_bench(config_path: str, overrides: list[str]) -> int:
+    """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
+    try:
+        sweep = load_sweep(config_path, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    records: list[dict] = []
+    try:
+        for cfg, bench_dict in launch_plan(sweep):
+            records += run_on_ranks(cfg, bench_entry, cfg.to_dict(), bench_dict) or []
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finish(sweep, config_path, overrides, records, time.perf_counter() - t0)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or "RANK" not in os.environ:
+        print("usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]", file=sys.stderr)
+        return 2
+    world = int(os.environ["WORLD_SIZE"])
+    try:
+        sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    (cfg, bench_dict), = launch_plan(sweep)
+    records = bench_entry(cfg.to_dict(), bench_dict)
+    if records is not None:
+        finish(sweep, args[0], args[1:], records, time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""The per-rank benchmark loop. `bench_entry(cfg_dict, bench_dict)` is what every launcher runs on each
+rank (the elastic agent, torchrun, Ray actors), as `worker.worker_entry` is for `run`; it returns rank
+0's records and None elsewhere.
+
+Per group (one model variant at one tp) every rank builds one Worker per mode and keeps them for all
+batch and context points; with tp > 1 rank 0 also builds tp = 1 Workers of the same modes (the
+baselines; the other ranks wait at a barrier while they run). Per point:
+
+    fill caches (seeded rows, or real prefill for one point per group) -> warm-up decode steps ->
+    `repeats` x (each lane `timed_steps` decode steps, lanes interleaved A B A B ...) ->
+    steps timed with per-break events -> prefill chunks -> all-reduce of [batch, hidden] -> records
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from tp_runtime.batch import SeqChunk, StepPlan
+from tp_runtime.bench_config import BenchSettings
+from tp_runtime.bench_measure import (BreakTimer, StepTimer, allreduce_ms, copy_bandwidth, ratio_stats,
+                                     summarize_ms, timer_name)
+from tp_runtime.cache_fill import fill_by_prefill, fill_seeded
+from tp_runtime.config import config_from_dict
+from tp_runtime.distributed import TPGroup, init_from_env, resolve_device, shutdown, single_process
+from tp_runtime.roofline import model_seconds, step_bytes
+from tp_runtime.worker import Worker
+from tp_runtime.workload import Workload
+
+
+@dataclass
+class Lane:
+    """One Worker under test and the position its sequences have reached."""
+
+    name: str  # the mode, or "tp1:<mode>" for a baseline
+    mode: str
+    worker: Worker | None  # None on ranks other than 0 for a baseline
+    baseline: bool = False
+    pos: int = 0  # position of every slot's next decode token
+    replayed: int = 0  # timed decode steps that replayed a graph
+    finite: bool = True  # every output of the timed steps was finite
+
+
+@dataclass
+class BenchEnv:
+    tp: TPGroup
+    s: BenchSettings
+    machine: dict
+    launcher: str
+    name: str
+    bar: tqdm | None = None
+    allreduce_cache: dict = field(default_factory=dict)
+
+    def on(self, lane: Lane, fn: Callable[[], None]) -> None:
+        """Run fn for a lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
+        if not lane.baseline:
+            fn()
+            return
+        if self.tp.rank == 0:
+            fn()
+        if self.tp.size > 1:
+            dist.barrier(group=self.tp.cpu_group)
+
+    def allreduce(self, batch: int, hidden: int, dtype: torch.dtype) -> dict:
+        """All-reduce latency of the step's message [batch, hidden]; measured once per shape (collective)."""
+        key = (batch, hidden, dtype)
+        if key not in self.allreduce_cache:
+            self.allreduce_cache[key] = allreduce_ms(self.tp, (batch, hidden), dtype, self.s.allreduce_iters)
+        return self.allreduce_cache[key]
+
+
+def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
+    """Every rank: join the group (RANK set) or run tp = 1 here, run every group, return rank 0's records."""
+    cfg = config_from_dict(cfg_dict)
+    p = cfg.parallel
+    if "RANK" in os.environ:
+        tp = init_from_env(cfg.runtime.device, p.backend, p.timeout_s)
+    else:
+        tp = single_process(resolve_device(cfg.runtime.device))
+    env = None
+    try:
+        env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), _machine(tp, bench_dict), p.launcher,
+                       bench_dict["name"])
+        prog = bench_dict.get("progress", {})
+        env.bar = tqdm(total=prog.get("total"), initial=prog.get("offset", 0), unit="point", file=sys.stderr,
+                       desc=f"bench {env.name} tp={tp.size}", disable=tp.rank != 0, dynamic_ncols=True)
+        records: list[dict] = []
+        for group in bench_dict["groups"]:
+            records += _run_group(env, group)
+        return records if tp.rank == 0 else None
+    finally:
+        if env is not None and env.bar is not None:
+            env.bar.close()
+        shutdown(tp)
+
+
+def _machine(tp: TPGroup, bench_dict: dict) -> dict:
+    """Facts recorded beside every point: device, versions, measured copy bandwidth (this rank's)."""
+    s = bench_dict["settings"]
+    dev = tp.device
+    info = {"device": str(dev), "timer": timer_name(dev), "torch": torch.__version__, "host": platform.node(),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"}
+    if dev.type == "cuda":
+        info["cuda"] = torch.version.cuda
+        v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    info.update(copy_bandwidth(dev, s["copy_mib"]))
+    return info
+
+
+# ------------------------------------------------------------------ one group: Workers per mode
+
+
+def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
+    """One Worker per mode (every rank), then rank 0's tp = 1 baselines; on failure the built ones are freed
+    (graphs must be gone before the process group is destroyed)."""
+    tp, lanes = env.tp, []
+    try:
+        for mode, d in group["workers"].items():
+            lanes.append(Lane(mode, mode, Worker(config_from_dict(d, f"{env.name} {mode}"), tp)))
+        for mode, d in group.get("baselines", {}).items():
+            worker = (Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single_process(tp.device))
+                      if tp.rank == 0 else None)
+            lanes.append(Lane(f"tp1:{mode}", mode, worker, baseline=True))
+    except BaseException:
+        _release(lanes)
+        raise
+    if tp.size > 1:
+        dist.barrier(group=tp.cpu_group)  # nobody starts stepping while rank 0 still builds baselines
+    return lanes
+
+
+def _release(lanes: list[Lane]) -> None:
+    """Free graphs and memory of a group's Workers; the process group stays for the next group."""
+    for lane in lanes:
+        if lane.worker is not None and lane.worker.graphs is not None:
+            lane.worker.graphs.close()
+            lane.worker.graphs = None
+        lane.worker = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _run_group(env: BenchEnv, group: dict) -> list[dict]:
+    lanes = _build_lanes(env, group)
+    try:
+        records: list[dict] = []
+        for context in group["contexts"]:
+            for batch in group["batches"]:
+                records += _run_point(env, group, lanes, batch, context, "seeded")
+                if env.bar is not None:
+                    env.bar.update()
+        if env.s.prefill_check:  # the same first point, its cache built by the real prefill
+            main = [lane for lane in lanes if not lane.baseline]
+            prefilled = _run_point(env, group, main, min(group["batches"]), min(group["contexts"]), "prefill")
+            records += prefilled + _fill_agreement(records, prefilled)
+        return records
+    finally:
+        _release(lanes)
+
+
+# ------------------------------------------------------------------ one point
+
+
+def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, context: int,
+               fill: str) -> list[dict]:
+    s = env.s
+    fill_s: dict[str, float] = {}
+    for lane in lanes:
+        env.on(lane, lambda: fill_s.update({lane.name: _fill(lane, batch, context, fill, s)}))
+    steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
+    for lane in lanes:
+        env.on(lane, lambda: _decode(lane, batch, s.warmup_steps, s.seed))
+        lane.replayed, lane.finite = 0, True  # count the timed steps only
+    for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
+        for lane in lanes:
+            env.on(lane, lambda: steps[lane.name].append(_decode(lane, batch, s.timed_steps, s.seed)))
+    main = [lane for lane in lanes if not lane.baseline]
+    breaks = {lane.name: _break_ms(lane, batch, s) for lane in main}
+    prefill = {lane.name: _prefill_ms(lane, s) for lane in main}
+    hidden, dtype = main[0].worker.cfg.model.hidden_size, main[0].worker.dtype
+    ar = env.allreduce(batch, hidden, dtype)
+    per_rank = env.tp.gather_to_driver({n: statistics.median(_flat(steps[n])) for n in breaks})
+    if env.tp.rank != 0:
+        return []
+    point = {"batch": batch, "context": context, "cache_fill": fill, "variant": group["label"]}
+    records = [_record(env, lane, point, steps[lane.name], breaks[lane.name], prefill[lane.name], ar,
+                       [r[lane.name] for r in per_rank], fill_s.get(lane.name)) for lane in main]
+    return records + _comparisons(env, lanes, steps, point)
+
+
+def _flat(reps: list[list[float]]) -> list[float]:
+    return [x for r in reps for x in r]
+
+
+def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> float:
+    """Build slots 0..batch-1 at `context` tokens; returns the seconds it took (synchronized)."""
+    w = lane.worker
+    timer = StepTimer(w.device)
+    t0 = timer.now()
+    if how == "seeded":
+        fill_seeded(w.caches, w.stack.ratios, batch, context, s.seed)
+    else:
+        fill_by_prefill(w, batch, context, s.prefill_chunk, s.seed)
+    timer.stop(t0)
+    lane.pos = context
+    return timer.durations_ms()[0] / 1e3
+
+
+def _decode_plan(batch: int, pos: int) -> StepPlan:
+    return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in range(batch)))
+
+
+def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None) -> list[float]:
+    """n decode steps of slots 0..batch-1 at the lane's next positions; per-step ms (inputs made beforehand)."""
+    w = lane.worker
+    inputs = Workload([], w.cfg.model.hidden_size, seed)
+    plans = [_decode_plan(batch, lane.pos + i) for i in range(n)]
+    xs = [inputs.step_inputs(p, w.device, w.dtype) for p in plans]
+    timer = StepTimer(w.device)
+    outs = []
+    for plan, x in zip(plans, xs):
+        if on_break is not None:
+            on_break.next_step()
+        t0 = timer.now()
+        out, replayed = w.step(plan, x, on_break)
+        timer.stop(t0)
+        lane.replayed += int(replayed)
+        outs.append(out.isfinite().all())  # static output buffer: check before the next step
+    lane.pos += n
+    durations = timer.durations_ms()
+    lane.finite = lane.finite and all(bool(f) for f in outs)
+    return durations
+
+
+def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
+    """Median eager-break time per step (on_break events) and the step time of the same steps."""
+    if lane.worker.graphs is None or s.break_steps == 0:
+        return None
+    bt = BreakTimer(lane.worker.device)
+    replayed0 = lane.replayed
+    step_ms = _decode(lane, batch, s.break_steps, s.seed, bt)
+    lane.replayed = replayed0  # these steps are not among the timed ones
+    return {"break_ms": statistics.median(bt.per_step_ms()), "step_ms": statistics.median(step_ms),
+            "calls_per_step": bt.calls / max(1, s.break_steps)}
+
+
+def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
+    """Chunks of prefill_chunk tokens appended to slot 0 (one untimed first); ms per chunk."""
+    if s.prefill_steps == 0:
+        return []
+    w, n = lane.worker, s.prefill_chunk
+    inputs = Workload([], w.cfg.model.hidden_size, s.seed)
+    timer = StepTimer(w.device)
+    for i in range(1 + s.prefill_steps):
+        plan = StepPlan((SeqChunk(0, 0, lane.pos, n, False),))
+        x = inputs.step_inputs(plan, w.device, w.dtype)
+        t0 = timer.now()
+        w.step(plan, x)
+        timer.stop(t0)
+        lane.pos += n
+    return timer.durations_ms()[1:]
+
+
+# ------------------------------------------------------------------ records
+
+
+def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], brk: dict | None,
+            prefill: list[float], ar: dict, per_rank: list[float], fill_s: float | None) -> dict:
+    w, s, m = lane.worker, env.s, env.machine
+    cfg = w.cfg
+    st = summarize_ms(_flat(steps))
+    batch, ctx, tp = point["batch"], point["context"], env.tp.size
+    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize)
+    ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
+    n_layers = len(w.stack.ratios)
+    model_ms = model_seconds(nbytes.total, m["copy_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
+    n_timed = s.repeats * s.timed_steps
+    rec = {"kind": "point", "name": env.name, **point, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
+           "graph_mode": cfg.graph.mode, "break_scope": cfg.graph.break_scope,
+           "graph_captured": w.graphs is not None, "replayed_fraction": lane.replayed / n_timed,
+           "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
+           "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
+           "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
+           "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,
+           "step_ms_median": st["median"], "step_ms_p90": st["p90"], "step_ms_min": st["min"],
+           "step_ms_max": st["max"], "step_ms_repeats": [statistics.median(r) for r in steps],
+           "step_ms_ranks": per_rank, "decode_tokens_per_s": batch / (st["median"] / 1e3),
+           "outputs_finite": lane.finite}
+    rec.update(_break_fields(brk, st["median"]))
+    pre = statistics.median(prefill) if prefill else None
+    rec.update({"prefill_chunk": s.prefill_chunk, "prefill_ms_median": pre,
+                "prefill_tokens_per_s": s.prefill_chunk / (pre / 1e3) if pre else None,
+                "allreduce_bytes": batch * cfg.model.hidden_size * w.dtype.itemsize, **ar,
+                "copy_GBps": m["copy_GBps"], "roofline_weight_bytes": nbytes.weights,
+                "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total,
+                "roofline_comm_ms": n_layers * ar_ms if tp > 1 else 0.0, "roofline_model_ms": model_ms,
+                "roofline_ratio": st["median"] / model_ms})
+    if fill_s is not None:  # seconds to build the cache; for a real prefill also its throughput
+        rec["fill_s"] = fill_s
+        if point["cache_fill"] == "prefill":
+            rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None
+    return rec
+
+
+def _break_fields(brk: dict | None, step_median: float) -> dict:
+    if brk is None:  # no captured graph: the whole step runs eagerly
+        return {"break_ms_median": step_median, "break_fraction": 1.0, "eager_breaks_per_step": None,
+                "break_source": "whole step (eager, no captured graph)"}
+    return {"break_ms_median": brk["break_ms"], "break_fraction": brk["break_ms"] / brk["step_ms"],
+            "break_step_ms_median": brk["step_ms"], "eager_breaks_per_step": brk["calls_per_step"],
+            "break_source": "on_break events around each eager call (separate steps)"}
+
+
+def _fill_agreement(records: list[dict], prefilled: list[dict]) -> list[dict]:
+    """prefill / seeded step time of the same point and mode (not interleaved: one cache per Worker)."""
+    out = []
+    for p in (r for r in prefilled if r["kind"] == "point"):
+        same = [r for r in records if r["kind"] == "point" and r["cache_fill"] == "seeded" and
+                all(r[k] == p[k] for k in ("batch", "context", "mode", "variant"))]
+        if not same:
+            continue
+        s = same[0]
+        per = [a / b for a, b in zip(p["step_ms_repeats"], s["step_ms_repeats"])]
+        out.append({"kind": "comparison", "what": "prefill_vs_seeded", "name": p["name"], "batch": p["batch"],
+                    "context": p["context"], "variant": p["variant"], "tp": p["tp"], "variant_mode": p["mode"],
+                    "baseline": "seeded", "device": p["device"], "interleaved": False,
+                    "time_ratio": p["step_ms_median"] / s["step_ms_median"],
+                    "time_ratio_min": min(per), "time_ratio_max": max(per),
+                    "prefill_ms_median": p["step_ms_median"], "seeded_ms_median": s["step_ms_median"]})
+    return out
+
+
+def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict) -> list[dict]:
+    """Speedups (baseline time / variant time, > 1: the variant is faster) of interleaved lanes."""
+    names = {lane.name for lane in lanes}
+    pairs = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted")]
+    pairs += [("hoisted_vs_wide", "breakable-hoisted", "breakable-wide")]
+    pairs += [("tp_vs_tp1", lane.mode, lane.name) for lane in lanes if lane.baseline]
+    out = []
+    for what, variant, base in pairs:
+        if variant not in names or base not in names:
+            continue
+        stats = ratio_stats(steps[base], steps[variant])
+        rec = {"kind": "comparison", "what": what, "name": env.name, **point, "tp": env.tp.size,
+               "variant_mode": variant, "baseline": base, "device": env.machine["device"],
+               "interleaved": True,
+               "variant_ms_median": statistics.median(_flat(steps[variant])),
+               "baseline_ms_median": statistics.median(_flat(steps[base])),
+               **{k.replace("ratio", "speedup"): v for k, v in stats.items()}}
+        if what == "tp_vs_tp1":
+            rec["efficiency"] = rec["speedup"] / env.tp.size
+        out.append(rec)
+    return out
