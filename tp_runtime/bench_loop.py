@@ -235,7 +235,7 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
         t0 = timer.now()
         out, replayed = w.step(plan, x, on_break)
         timer.stop(t0)
-        lane.replayed += int(replayed)
+        lane.replayed += int(replayed is not None)
         outs.append(out.isfinite().all())  # static output buffer: check before the next step
     lane.pos += n
     durations = timer.durations_ms()

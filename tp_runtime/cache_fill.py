@@ -56,8 +56,8 @@ def fill_seeded(caches: list[LayerCache], ratios: list[int], batch: int, context
         if cache.compressed is not None and need > cache.compressed.shape[1]:
             raise ValueError(f"context {context} needs {need} compressed rows; the cache holds "
                              f"{cache.compressed.shape[1]} (runtime.max_len too small)")
-        if batch > cache.window.shape[0]:
-            raise ValueError(f"batch {batch} exceeds the {cache.window.shape[0]} cache slots")
+        if batch > cache.window.shape[0] - 1:  # the last slot is the trash slot
+            raise ValueError(f"batch {batch} exceeds the {cache.window.shape[0] - 1} cache slots")
         for t in cache.tensors():
             t[:batch].zero_()
         g = _generator(seed, layer, "window", cache.window.device)
