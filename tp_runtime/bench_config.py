@@ -33,7 +33,7 @@ from tp_runtime.config import (ConfigError, ModelConfig, RunConfig, _build, _set
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
-         "breakable-hoisted": ("breakable", "hoisted")}
+         "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow")}
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
 RUN_AXES = ("runtime.dtype",)  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")

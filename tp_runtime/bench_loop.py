@@ -344,8 +344,9 @@ def _fill_agreement(records: list[dict], prefilled: list[dict]) -> list[dict]:
 def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict) -> list[dict]:
     """Speedups (baseline time / variant time, > 1: the variant is faster) of interleaved lanes."""
     names = {lane.name for lane in lanes}
-    pairs = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted")]
-    pairs += [("hoisted_vs_wide", "breakable-hoisted", "breakable-wide")]
+    pairs = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted", "breakable-narrow")]
+    pairs += [("hoisted_vs_wide", "breakable-hoisted", "breakable-wide"),
+              ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted")]
     pairs += [("tp_vs_tp1", lane.mode, lane.name) for lane in lanes if lane.baseline]
     out = []
     for what, variant, base in pairs:
