@@ -1,7 +1,8 @@
 """Ray launcher: one actor per rank in one placement group, every actor running `worker.worker_entry`.
 
     launch_ray(cfg)    RAY_ADDRESS unset: an embedded Ray on 127.0.0.1 (tp logical CPUs, no dashboard)
-                       RAY_ADDRESS set (as under `ray job submit`): join that cluster
+                       RAY_ADDRESS set (as under `ray job submit`): join that cluster, shipping this
+                       tp_runtime package to its workers (runtime_env py_modules)
     -> placement group: one bundle per rank, {"GPU": 1, "CPU": 1} when the cluster has GPUs and
        runtime.device is not cpu, {"CPU": 1} otherwise; strategy parallel.placement_strategy,
        waited for at most parallel.placement_timeout_s
@@ -98,29 +99,28 @@ def start_embedded(num_cpus: int, num_gpus: int | None = None) -> None:
              object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
 
 
-def connect(cfg: RunConfig) -> tuple[bool, bool]:
-    """Join RAY_ADDRESS's cluster, or start an embedded Ray; returns (started here, joined a cluster)."""
+def connect(cfg: RunConfig) -> bool:
+    """Join RAY_ADDRESS's cluster, or start an embedded Ray; returns whether Ray was started here."""
     if ray.is_initialized():
-        return False, False
+        return False
     address = os.environ.get("RAY_ADDRESS")
     try:
-        if address:
-            ray.init(logging_level=logging.WARNING)  # reads RAY_ADDRESS
+        if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
+            package = os.path.dirname(tp_runtime.__file__)
+            ray.init(logging_level=logging.WARNING, runtime_env={"py_modules": [package]})
         else:
             start_embedded(cfg.parallel.tp, 0 if cfg.runtime.device == "cpu" else None)
     except (ConnectionError, RuntimeError, ValueError) as e:
         what = f"join the Ray cluster at RAY_ADDRESS={address}" if address else "start an embedded Ray"
         raise LaunchError(f"could not {what}: {type(e).__name__}: {e}") from None
-    return True, bool(address)
+    return True
 
 
 # ---------------------------------------------------------------- placement
 
 
 def _fmt(resources: dict) -> str:
-    keep = {k: v for k, v in sorted(resources.items()) if k in ("CPU", "GPU", "memory", "object_store_memory")}
-    return "{" + ", ".join(f"{k}: {v / 2**30:.1f} GiB" if "memory" in k else f"{k}: {v:g}"
-                           for k, v in keep.items()) + "}"
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items()) if k in ("CPU", "GPU")) + "}"
 
 
 def cluster_summary() -> str:
@@ -208,14 +208,14 @@ def cause_of(e: BaseException) -> str:
 class RankGroup:
     """A placement group and one actor per rank, held in rank order; `close` releases both."""
 
-    def __init__(self, cfg: RunConfig, ship_code: bool = False):
+    def __init__(self, cfg: RunConfig):
         p = cfg.parallel
         self.strategy, self.bundles = p.placement_strategy, bundles_for(cfg)
         self.use_gpu = "GPU" in self.bundles[0]
         self.actors: list = []
         self.pg: PlacementGroup | None = reserve(self.bundles, self.strategy, p.placement_timeout_s)
         try:
-            self.actors = self._spawn(ship_code)  # bundle order
+            self.actors = self._spawn()  # bundle order
             where = self._get([a.where.remote() for a in self.actors], "start the rank actors")
             self.slots = _layout(where)
             self.actors = [self.actors[s.bundle] for s in self.slots]  # rank order
@@ -223,10 +223,8 @@ class RankGroup:
             self.close()
             raise
 
-    def _spawn(self, ship_code: bool) -> list:
+    def _spawn(self) -> list:
         runtime_env: dict = {"env_vars": actor_env(self.use_gpu)}
-        if ship_code:  # a joined cluster runs this very tp_runtime, whatever its nodes have installed
-            runtime_env["py_modules"] = [os.path.dirname(tp_runtime.__file__)]
         actor_cls = ray.remote(RankActor)
         return [actor_cls.options(
             num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_restarts=0, runtime_env=runtime_env,
@@ -280,9 +278,9 @@ class RankGroup:
 
 def launch_ray(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
     """Run every rank as a Ray actor and return rank 0's result; LaunchError names a failed rank."""
-    started, joined = connect(cfg)
+    started = connect(cfg)
     try:
-        group = RankGroup(cfg, ship_code=joined)
+        group = RankGroup(cfg)
         try:
             print(group.describe(), file=sys.stderr, flush=True)
             return group.run(cfg, oneshot=oneshot, keep_outputs=keep_outputs)
