@@ -26,8 +26,7 @@ def child_env(**extra: str) -> dict[str, str]:
     """This checkout on PYTHONPATH, one intra-op thread per rank (the local launcher's choice on two
     cores, and what every launcher gets here, so checksums can be compared exactly), no Ray cluster,
     and a fresh MARK value that finds every process started under this environment."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env[MARK] = uuid.uuid4().hex
     env.update(extra)

@@ -105,6 +105,11 @@ class TestEmbeddedFailures:
         assert 3 <= elapsed < 15, elapsed  # the timeout, plus describing and removing the group
         assert _resources_released(2.0, within_s=10), ray.available_resources()
 
+    def test_cuda_without_gpus_is_refused_before_placement(self) -> None:
+        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cuda"])
+        with pytest.raises(LaunchError, match=r"runtime.device=cuda but the Ray cluster has no GPU .*\{CPU: 2\}"):
+            ray_launch.launch_ray(cfg)
+
 
 # ---------------------------------------------------------------- a real cluster: head + one more node
 

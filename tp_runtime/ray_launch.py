@@ -28,14 +28,18 @@ import uuid
 from dataclasses import dataclass
 
 # An embedded Ray (no cluster address) stays on this machine: with clusters switched off (Ray's own
-# mode on laptops) every Ray server binds and advertises 127.0.0.1. Ray reads this when first
-# imported, so it is set here, before the import; a process that already imported Ray, or that joins
-# a cluster (RAY_ADDRESS), is left as it is.
+# mode on laptops) this process's Ray gives every server it starts 127.0.0.1 to bind and advertise.
+# Ray reads the switch once, when first imported, so it is set around the import and removed again:
+# child processes (a `ray start` node, torchrun) must not inherit it. A process that imported Ray
+# before this module, or that joins a cluster (RAY_ADDRESS), keeps Ray's own choice of address.
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
-    os.environ.setdefault(LOCAL_ONLY_ENV, "0")
-
+_local_only = "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS") and LOCAL_ONLY_ENV not in os.environ
+if _local_only:
+    os.environ[LOCAL_ONLY_ENV] = "0"
 import ray  # noqa: E402
+
+if _local_only:
+    del os.environ[LOCAL_ONLY_ENV]
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError  # noqa: E402
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
