@@ -171,12 +171,13 @@ def actor_env(use_gpu: bool) -> dict[str, str]:
 
 
 def _layout(where: list[tuple[str, str, int]]) -> list[RankSlot]:
-    """Ranks by node (IP, node id, bundle index), so a node's ranks are consecutive; local rank by node."""
+    """Ranks by node (IP, node id, bundle index), so a node's ranks are consecutive. The local rank
+    counts ranks on the same machine (IP): GPU actors see all of the machine's GPUs and take this one."""
     order = sorted(range(len(where)), key=lambda b: (where[b][0], where[b][1], b))
     slots = []
     for rank, b in enumerate(order):
         ip, node, pid = where[b]
-        on_node = [x for x in order if where[x][1] == node]
+        on_node = [x for x in order if where[x][0] == ip]
         slots.append(RankSlot(rank, on_node.index(b), len(on_node), b, ip, node, pid))
     return slots
 
