@@ -32,8 +32,8 @@ from tp_runtime.launcher import in_process
 from tp_runtime.stack import AttentionStack
 from tp_runtime.weights import draw_full, model_specs, place, shard_of
 from tp_runtime.worker import Worker
+from conftest import ROOT, last_json, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
 CPU = torch.device("cpu")
 RUN = ["runtime.device=cpu", "runtime.dtype=float32"]
@@ -44,25 +44,13 @@ SCENARIO = ["workload.requests=4", "workload.prompt_lens=[5, 40, 140, 17]", "wor
 FILE2 = "model-00002-of-00003.safetensors"  # layers 2 and 3
 
 
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "tp_runtime.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    lines = proc.stdout.strip().splitlines()
-    assert lines, f"no output; stderr:\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1])
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     """The tiny config's seeded weights as a 3-file FP8 checkpoint, written through the CLI."""
     d = tmp_path_factory.mktemp("ckpt")
-    proc = run_cli("write-checkpoint", TINY, str(d), "--files", "3", *RUN)
+    proc = run_cli(["write-checkpoint", TINY, str(d), "--files", "3", *RUN], timeout_s=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert last_json(proc)["files"] == 3
+    assert last_json(proc.stdout)["files"] == 3
     return d
 
 
@@ -222,10 +210,10 @@ def test_tp1_outputs_equal_the_seeded_model_after_the_fp8_round_trip(ckpt, tp1):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_multiprocess_run_matches_tp1(ckpt, tp1, tp, tmp_path):
     dump = tmp_path / "dump.safetensors"
-    proc = run_cli("run", TINY, f"model.checkpoint={ckpt}", f"parallel.tp={tp}", "parallel.launcher=local",
-                   f"workload.dump={dump}", *RUN, *SCENARIO)
+    proc = run_cli(["run", TINY, f"model.checkpoint={ckpt}", f"parallel.tp={tp}", "parallel.launcher=local",
+                   f"workload.dump={dump}", *RUN, *SCENARIO], timeout_s=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rec = last_json(proc)
+    rec = last_json(proc.stdout)
     d = load_file(str(dump))
     outputs = {int(r): d[f"output.{j}"] for j, r in enumerate(d["request_id"])}
     # Same weights on every rank's slice; only the all-reduce's summation order differs from tp = 1
@@ -298,7 +286,7 @@ def test_cli_refuses_a_bad_checkpoint_before_starting_ranks(ckpt, tmp_path):
     d = tmp_path / "ck"
     shutil.copytree(ckpt, d)
     _rewrite(d / FILE2, _set("layers.2.attn.wq_b.weight", lambda x: x.to(torch.bfloat16)))
-    proc = run_cli("run", TINY, f"model.checkpoint={d}", "parallel.tp=2", *RUN)
+    proc = run_cli(["run", TINY, f"model.checkpoint={d}", "parallel.tp=2", *RUN], timeout_s=300)
     # The CLI's own refusal (exit 2, the error first), not a rank's failure ("error: rank 0 failed ...").
     assert proc.returncode == 2 and proc.stderr.startswith("error: FP8 tensor layers.2.attn.wq_b.weight in ")
     assert FILE2 in proc.stderr and "BF16" in proc.stderr
@@ -391,6 +379,6 @@ def test_gpu_load_is_exact_in_bf16_and_runs_at_tp2(ckpt, tmp_path):
         assert torch.equal(got.cpu(), value.to(got.dtype)), spec.name
     assert rep["s"] > 0
     if torch.cuda.device_count() >= 2:
-        proc = run_cli("check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "runtime.device=cuda",
-                       "runtime.dtype=bfloat16", *SCENARIO)
-        assert proc.returncode == 0 and last_json(proc)["ok"], proc.stdout[-3000:] + proc.stderr[-3000:]
+        proc = run_cli(["check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "runtime.device=cuda",
+                       "runtime.dtype=bfloat16", *SCENARIO], timeout_s=300)
+        assert proc.returncode == 0 and last_json(proc.stdout)["ok"], proc.stdout[-3000:] + proc.stderr[-3000:]

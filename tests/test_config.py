@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tp_runtime.config import ConfigError, load_config, parse_layer_spec
-from conftest import TINY, ROOT
+from conftest import TINY_PATH as TINY, ROOT
 
 
 def test_tiny_loads_with_released_key_names():

@@ -8,7 +8,7 @@ import torch
 from tp_runtime.config import load_config
 from tp_runtime.graphs import _active, eager_break_during_capture
 from tp_runtime.launcher import in_process
-from conftest import TINY
+from conftest import TINY_PATH as TINY
 
 
 def test_plain_call_outside_capture():

@@ -16,7 +16,7 @@ from tp_runtime.graphs import BreakableGraph, _active, eager_break_during_captur
 from tp_runtime.launcher import in_process
 from tp_runtime.scheduler import Scheduler
 from tp_runtime.workload import build_workload
-from conftest import TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -73,9 +73,9 @@ def test_short_capture_replays_long_contexts():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])
 def test_tp2_check_with_graphs(scope):
-    proc = run_cli("check", TINY, "parallel.tp=2", "parallel.launcher=local", "graph.mode=breakable",
-                   f"graph.break_scope={scope}", *MANY, timeout=600)
-    rec = last_json(proc)
+    proc = run_cli(["check", TINY, "parallel.tp=2", "parallel.launcher=local", "graph.mode=breakable",
+                   f"graph.break_scope={scope}", *MANY], timeout_s=600)
+    rec = last_json(proc.stdout)
     assert proc.returncode == 0 and rec["ok"], proc.stdout[-3000:] + proc.stderr[-3000:]
     assert rec["graph_mode"] == "breakable" and "graph_vs_eager" in rec["comparisons"]
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from tp_runtime.check import max_rel_err
 from tp_runtime.config import load_config
 from tp_runtime.launcher import in_process
-from conftest import TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli
 
 BASE = ["parallel.tp=1", "workload.requests=3", "workload.prompt_lens=[7, 30, 21]",
         "workload.decode_lens=[2, 0, 5]"]
@@ -52,7 +52,7 @@ def test_bad_input_file_is_refused_before_launch(tmp_path, tensors, expect):
     f = tmp_path / "bad.safetensors"
     save_file(tensors, f)
     t0 = time.perf_counter()
-    proc = run_cli("run", TINY, "parallel.tp=2", f"workload.inputs={f}", timeout=60)
+    proc = run_cli(["run", TINY, "parallel.tp=2", f"workload.inputs={f}"], timeout_s=60)
     assert proc.returncode == 2
     assert re.search(expect, proc.stderr) and str(f) in proc.stderr, proc.stderr
     assert "tp_runtime run" not in proc.stdout  # no rank ran
@@ -60,9 +60,9 @@ def test_bad_input_file_is_refused_before_launch(tmp_path, tensors, expect):
 
 
 def test_run_json_has_the_documented_fields():
-    proc = run_cli("run", TINY, "parallel.tp=1", "parallel.launcher=local", timeout=120)
+    proc = run_cli(["run", TINY, "parallel.tp=1", "parallel.launcher=local"], timeout_s=120)
     assert proc.returncode == 0, proc.stderr
-    rec = last_json(proc)
+    rec = last_json(proc.stdout)
     for key in ("command", "tp", "launcher", "device", "dtype", "graph_mode", "layers", "requests",
                 "prefill_tokens", "decode_tokens", "steps", "wall_s", "decode_step_ms_median",
                 "tokens_per_s", "output_checksum"):
@@ -71,10 +71,10 @@ def test_run_json_has_the_documented_fields():
 
 
 def test_breakable_without_gpu_warns_and_runs_eagerly():
-    proc = run_cli("run", TINY, "parallel.tp=1", "parallel.launcher=local", "graph.mode=breakable",
-                   "runtime.device=cpu", timeout=120)
+    proc = run_cli(["run", TINY, "parallel.tp=1", "parallel.launcher=local", "graph.mode=breakable",
+                   "runtime.device=cpu"], timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     assert "graph.mode=breakable needs a CUDA device" in proc.stderr
-    rec = last_json(proc)
+    rec = last_json(proc.stdout)
     assert rec["graph_mode"] == "eager" and rec["graph_mode_requested"] == "breakable"
     assert rec["replayed_fraction"] == 0.0

@@ -10,7 +10,7 @@ from tp_runtime.config import load_config
 from tp_runtime.ops.torch_path import indexer_topk, sparse_attention
 from tp_runtime.reference import _frequencies
 from tp_runtime.rope import RotaryTable, apply_rotary, inv_frequencies, yarn_correction_range
-from conftest import TINY
+from conftest import TINY_PATH as TINY
 
 torch.manual_seed(0)
 

@@ -18,7 +18,7 @@ from tp_runtime.config import load_config
 from tp_runtime.launcher import in_process
 from tp_runtime.scheduler import Scheduler
 from tp_runtime.workload import build_workload
-from conftest import TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli
 
 SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
             "workload.decode_lens=[3, 1, 0, 5, 2, 6]", "runtime.max_seqs=3"]
@@ -74,8 +74,8 @@ def test_slot_reuse_leaves_outputs_unchanged(scenario, tp1):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_check_command_at_tp(tp):
-    proc = run_cli("check", TINY, f"parallel.tp={tp}", "parallel.launcher=local", *SCENARIO)
-    rec = last_json(proc)
+    proc = run_cli(["check", TINY, f"parallel.tp={tp}", "parallel.launcher=local", *SCENARIO], timeout_s=300)
+    rec = last_json(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rec["ok"] and rec["tp"] == tp and rec["requests"] == 6
     assert set(rec["comparisons"]) >= {"tp_vs_tp1", "vs_reference", "incremental_vs_oneshot"}

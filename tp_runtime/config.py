@@ -82,12 +82,26 @@ class ParallelConfig:
     tp: int = 1
     launcher: str = field(default="local", metadata=_choices("local", "ray", "torchrun"))
     backend: str = field(default="auto", metadata=_choices("auto", "gloo", "nccl"))
-    # Collective timeout: a rank stuck this long in a collective fails the run instead of hanging.
-    timeout_s: float = 120.0
-    # Ray placement-group strategy for the TP bundles.
+    # Collective timeout: a rank stuck this long in a collective fails the run instead of hanging. Ranks
+    # meet at most one step apart (weights load and graphs capture on every rank at once), so a minute is
+    # ample, and it bounds how long a rank that lost its peer (hung, not dead) can wait.
+    timeout_s: float = 60.0
+    # Ray placement-group strategy for the TP bundles: STRICT_PACK keeps a TP group on one node (NVLink);
+    # PACK / SPREAD / STRICT_SPREAD let it cross nodes.
     placement_strategy: str = field(default="STRICT_PACK", metadata=_choices("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"))
     # Seconds to wait for the Ray placement group before failing with what was asked and what exists.
     placement_timeout_s: float = 60.0
+    # Testing only (fault injection): rank `fail_rank` kills its own process with SIGKILL as step
+    # `fail_step` (0-based) begins, the way a crashed or OOM-killed rank vanishes. null: off.
+    fail_rank: int | None = None
+    fail_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fail_rank is not None and not 0 <= self.fail_rank < self.tp:
+            raise ConfigError(f"'parallel.fail_rank'={self.fail_rank} must be a rank in 0..{self.tp - 1} "
+                              f"(parallel.tp={self.tp}) or null")
+        if self.fail_step < 0:
+            raise ConfigError(f"'parallel.fail_step' must be >= 0, got {self.fail_step}")
 
 
 @dataclass

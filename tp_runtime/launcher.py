@@ -31,7 +31,8 @@ def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) ->
         return launch_ray(cfg, oneshot=oneshot, keep_outputs=keep_outputs)
     if p.launcher == "torchrun":
         raise LaunchError("parallel.launcher=torchrun: start the ranks with "
-                          "`torchrun --nproc-per-node N -m tp_runtime.worker CONFIG [key=value ...]`")
+                          "`torchrun --nproc-per-node N -m tp_runtime.worker CONFIG [key=value ...]` "
+                          "(several machines: launch/torchrun_multinode.sh)")
     if p.tp == 1:
         return in_process(cfg, oneshot, keep_outputs)
     return _elastic(cfg, oneshot, keep_outputs)

@@ -3,21 +3,26 @@
     join the TP group -> build the stack shard -> draw or load weights -> allocate caches and
     static buffers -> warm NCCL eagerly -> capture breakable graphs (GPU, graph.mode=breakable)
 
-Every launcher runs this same code (`worker_entry`). Under torchrun it is also the entry point:
+Every launcher runs this same code (`worker_entry`). Under torchrun it is also the entry point
+(one machine, or one command per machine with --nnodes / --node-rank / a c10d rendezvous endpoint):
 
-    torchrun --nproc-per-node 2 -m tp_runtime.worker configs/tiny.yaml parallel.launcher=torchrun
+    torchrun --nproc-per-node 2 -m tp_runtime.worker configs/tiny.yaml
+    torchrun --nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HEAD:29400 \
+        --nproc-per-node 1 -m tp_runtime.worker configs/tiny.yaml
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.batch import LiveBatch, StepBuffers, StepPlan
-from tp_runtime.config import RunConfig, config_from_dict, load_config
+from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
 from tp_runtime.distributed import (TPGroup, init_from_env, resolve_device, shutdown, single_process,
                                     warm_up_collectives)
 from tp_runtime.graphs import StepGraphs
@@ -109,6 +114,19 @@ class Worker:
         return self.graphs.replay(size, on_break)[:n], size
 
 
+class FaultyWorker(Worker):
+    """Testing only (parallel.fail_rank / fail_step): this rank SIGKILLs its own process as step
+    `fail_step` begins: no exception, no cleanup, its sockets closed by the kernel, like a crash."""
+
+    steps_begun = 0
+
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, bool]:
+        if self.steps_begun == self.cfg.parallel.fail_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.steps_begun += 1
+        return super().step(plan, x, on_break)
+
+
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
     """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
 
@@ -124,7 +142,8 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
         tp = single_process(resolve_device(cfg.runtime.device))
     worker = None
     try:
-        worker = Worker(cfg, tp, oneshot=oneshot)
+        worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
+        worker = worker_cls(cfg, tp, oneshot=oneshot)
         return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
     finally:
         if worker is not None:
@@ -133,18 +152,36 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
             shutdown(tp)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """torchrun entry: every rank runs the worker; rank 0 prints the report."""
-    from tp_runtime.report import print_report
+USAGE = "usage: torchrun [--nnodes N --node-rank K --rdzv-backend c10d --rdzv-endpoint HOST:PORT] " \
+        "--nproc-per-node P -m tp_runtime.worker CONFIG [key=value ...]"
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: torchrun ... -m tp_runtime.worker CONFIG [key=value ...]", file=sys.stderr)
-        return 2
+
+def _torchrun_config(args: list[str]) -> RunConfig:
+    """The run's config, checked against the processes torchrun started (WORLD_SIZE must equal tp)."""
+    if not args or args[0].startswith("-"):
+        raise ConfigError(USAGE)
     cfg = load_config(args[0], args[1:] + ["parallel.launcher=torchrun"])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != cfg.parallel.tp:
-        print(f"error: torchrun started {world} processes but parallel.tp={cfg.parallel.tp}", file=sys.stderr)
+        raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
+                          f"parallel.tp={cfg.parallel.tp}; they must be equal")
+    return cfg
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: every rank runs the worker; rank 0 prints the report and the JSON line.
+
+    A failing rank raises (exit status 1; `record` hands the traceback to torchrun's summary); the
+    others then fail in their next collective (a closed connection at once, a hung peer after
+    parallel.timeout_s), and torchrun stops the rest, so every rank exits non-zero in bounded time.
+    """
+    from tp_runtime.report import print_report
+
+    try:
+        cfg = _torchrun_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     result = worker_entry(cfg.to_dict())
     if result is not None:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Bring up a Ray cluster across machines for tp_runtime: the head first, then every other machine.
+#
+#   launch/ray_cluster.sh head                 # on the head machine (GCS on 6379, dashboard on 8265)
+#   launch/ray_cluster.sh join HEAD_IP:6379    # on each other machine
+#   RAY_ADDRESS=http://HEAD_IP:8265 launch/ray_submit.sh configs/tiny.yaml parallel.tp=2
+#   ray stop                                   # on each machine, when done
+#
+# Every Ray process started here (raylet, workers, so every rank) inherits NVLink multicast off
+# (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) unless set
+# otherwise. Ray counts this machine's GPUs and CPUs; tp_runtime asks one {GPU: 1, CPU: 1} bundle
+# per rank. Environment: RAY_PORT (6379), DASHBOARD_PORT (8265), RAY (the ray command). Words after
+# the subcommand go to `ray start` (e.g. --num-gpus 8, --block, --node-ip-address IP).
+#
+# Token authentication: the head turns it on when it finds a token (~/.ray/auth_token, which
+# `ray get-auth-token --generate` creates, or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH with
+# RAY_AUTH_MODE=token); every joining machine and every client (ray job submit, a driver with
+# RAY_ADDRESS) then needs the same token, by the same means.
+set -euo pipefail
+RAY_CMD=${RAY:-ray}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}
+usage="usage: $0 head [ray start options] | $0 join HEAD_IP:PORT [ray start options]"
+case ${1:-} in
+  head)
+    shift
+    # shellcheck disable=SC2086  # RAY_CMD may be a word list (python -m ray.scripts.scripts)
+    exec $RAY_CMD start --head --port="${RAY_PORT:-6379}" --include-dashboard=true \
+      --dashboard-host=0.0.0.0 --dashboard-port="${DASHBOARD_PORT:-8265}" --disable-usage-stats "$@" ;;
+  join)
+    [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+    address=$2
+    shift 2
+    # shellcheck disable=SC2086
+    exec $RAY_CMD start --address="$address" --disable-usage-stats "$@" ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac

@@ -1,0 +1,190 @@
+"""Ray launcher on real Ray: the embedded instance (the README quickstart), a two-node cluster on this
+machine, `ray job submit` to it, and failures (a rank that dies, a placement group that cannot fit).
+
+Checksums are compared exactly with the local launcher's: every launcher runs the same code on the
+same CPU with one intra-op thread per rank, and a 2-rank gloo all-reduce adds two addends (a + b ==
+b + a in IEEE arithmetic), so nothing reorders a floating-point sum; any difference is a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
+from tp_runtime import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
+from tp_runtime.config import load_config
+from tp_runtime.launcher import LaunchError
+
+import ray  # noqa: E402  (after ray_launch, see above)
+
+PLACEMENT = re.compile(r"rank (\d+) on (\S+) node ([0-9a-f]+)")
+
+
+def placements(stderr: str) -> dict[int, tuple[str, str]]:
+    """rank -> (node IP, node id) from the launcher's placement line."""
+    return {int(r): (ip, node) for r, ip, node in PLACEMENT.findall(stderr)}
+
+
+# ---------------------------------------------------------------- embedded (the quickstart)
+
+
+def test_quickstart_embedded_ray_matches_local(local_checksum: float) -> None:
+    """`tp-runtime run configs/tiny.yaml` as the README runs it: Ray is the config's launcher, an
+    embedded instance on 127.0.0.1 starts and stops inside the command, nothing is left running."""
+    r = run_cli(["run", TINY], timeout_s=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rec = last_json(r.stdout)
+    assert rec["launcher"] == "ray" and rec["completed"] == 8
+    assert rec["output_checksum"] == local_checksum
+    where = placements(r.stderr)
+    assert sorted(where) == [0, 1] and {ip for ip, _ in where.values()} == {"127.0.0.1"}, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="class")
+def embedded():
+    """One embedded Ray (2 CPUs, as on a 2-core machine) for the failure tests of a class; all of its
+    processes must be gone after ray.shutdown()."""
+    mark = uuid.uuid4().hex
+    os.environ[MARK] = mark  # inherited by every Ray process started from here
+    try:
+        ray_launch.start_embedded(num_cpus=2, num_gpus=0)
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+        yield
+    finally:
+        ray.shutdown()
+        del os.environ[MARK]
+        left = reap(mark)
+        assert not left, f"Ray processes left behind: {left}"
+
+
+def _resources_released(total_cpus: float, within_s: float) -> bool:
+    """All CPUs available again: the placement group is removed and the actors are gone."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) == total_cpus:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.usefixtures("embedded")
+class TestEmbeddedFailures:
+    def test_rank_death_fails_run_naming_rank(self) -> None:
+        # Rank 1 SIGKILLs itself as step 5 begins (parallel.fail_rank / fail_step, testing keys); rank 0
+        # is then in a collective with a dead peer. The driver must name rank 1 and its death.
+        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cpu",
+                                 "parallel.fail_rank=1", "parallel.fail_step=5"])
+        t0 = time.monotonic()
+        with pytest.raises(LaunchError, match=r"rank 1 \(node .*\) died: its process exited") as e:
+            ray_launch.launch_ray(cfg)
+        elapsed = time.monotonic() - t0
+        # Bound: actor start (torch import) ~10 s on a loaded 2-core machine + 5 steps + POLL_S +
+        # FAILURE_GRACE_S; 60 s is the promise, far below parallel.timeout_s-driven hangs.
+        assert elapsed < 60, f"failure took {elapsed:.1f} s: {e.value}"
+        assert _resources_released(2.0, within_s=10), ray.available_resources()
+
+    def test_unsatisfiable_placement_times_out_with_what_was_asked(self) -> None:
+        # tp = 4 CPU bundles, STRICT_PACK, on a 2-CPU instance: can never fit.
+        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cpu", "parallel.tp=4",
+                                 "parallel.placement_timeout_s=3"])
+        t0 = time.monotonic()
+        with pytest.raises(LaunchError) as e:
+            ray_launch.launch_ray(cfg)
+        elapsed = time.monotonic() - t0
+        msg = str(e.value)
+        assert "not ready after 3 s" in msg and "4 bundle(s) of {CPU: 1}" in msg and "STRICT_PACK" in msg, msg
+        assert "{CPU: 2" in msg and "1 node(s)" in msg, msg  # what the cluster has
+        assert 3 <= elapsed < 15, elapsed  # the timeout, plus describing and removing the group
+        assert _resources_released(2.0, within_s=10), ray.available_resources()
+
+    def test_cuda_without_gpus_is_refused_before_placement(self) -> None:
+        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cuda"])
+        with pytest.raises(LaunchError, match=r"runtime.device=cuda but the Ray cluster has no GPU .*\{CPU: 2\}"):
+            ray_launch.launch_ray(cfg)
+
+
+# ---------------------------------------------------------------- a real cluster: head + one more node
+
+
+@pytest.fixture(scope="class")
+def cluster():
+    """A head (2 CPUs, dashboard for job submission) and a second node (1 CPU), each a `ray start
+    --block` process started through launch/ray_cluster.sh, with a private token and temp dir."""
+    token = uuid.uuid4().hex
+    env = child_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY=f"{sys.executable} -m ray.scripts.scripts",
+                    RAY_PORT=str(free_port()), DASHBOARD_PORT=str(free_port()))
+    env.pop("PYTHONPATH")  # nodes import tp_runtime only as shipped by the job or the driver
+    temp = f"/tmp/rtp_{token[:8]}"  # private: ray.init() elsewhere on this machine must not find it
+    common = ["--block", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port()}"]
+    script = str(REPO / "launch" / "ray_cluster.sh")
+    procs = [subprocess.Popen([script, "head", "--num-cpus=2", f"--ray-client-server-port={free_port()}",
+                               *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        gcs = f"127.0.0.1:{env['RAY_PORT']}"
+        _wait_nodes(gcs, 1, env)
+        procs.append(subprocess.Popen([script, "join", gcs, "--num-cpus=1", *common], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_nodes(gcs, 2, env)
+        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{env['DASHBOARD_PORT']}", "env": env}
+    finally:
+        stop(list(reversed(procs)))
+        left = reap(env[MARK])
+        assert not left, f"Ray cluster processes left behind: {left}"
+
+
+def _wait_nodes(gcs: str, n: int, env: dict[str, str], timeout_s: float = 90) -> None:
+    code = ("import ray, time; ray.init(logging_level='ERROR')\n"
+            f"while sum(x['Alive'] for x in ray.nodes()) < {n}: time.sleep(0.2)")
+    subprocess.run([sys.executable, "-c", code], env={**env, "RAY_ADDRESS": gcs}, check=True,
+                   timeout=timeout_s, capture_output=True)
+
+
+@pytest.mark.usefixtures("cluster")
+class TestCluster:
+    def test_strict_spread_places_ranks_on_two_nodes(self, cluster: dict, local_checksum: float) -> None:
+        env = {**cluster["env"], "RAY_ADDRESS": cluster["gcs"], "PYTHONPATH": str(REPO)}
+        r = run_cli(["run", TINY, "parallel.placement_strategy=STRICT_SPREAD"], timeout_s=300, env=env)
+        assert r.returncode == 0, r.stderr[-4000:]
+        where = placements(r.stderr)
+        assert sorted(where) == [0, 1], r.stderr[-2000:]
+        assert where[0][1] != where[1][1], f"both ranks on node {where[0][1]}"
+        assert last_json(r.stdout)["output_checksum"] == local_checksum
+
+    def test_ray_job_submit(self, cluster: dict, local_checksum: float) -> None:
+        job = f"tp-test-{uuid.uuid4().hex[:8]}"
+        env = {**cluster["env"], "RAY_ADDRESS": cluster["dashboard"], "PYTHON": sys.executable,
+               "RAY_SUBMIT_ARGS": f"--submission-id {job}"}
+        r = subprocess.run([str(REPO / "launch" / "ray_submit.sh"), TINY, "workload.prompt_len=[16, 300]"],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        logs = subprocess.run([*env["RAY"].split(), "job", "logs", job, "--address", cluster["dashboard"]],
+                              env=env, capture_output=True, text=True, timeout=60)
+        rec = last_json(logs.stdout)
+        assert rec["launcher"] == "ray" and rec["output_checksum"] == local_checksum
+        assert "tp_runtime ray: 2 x {CPU: 1} STRICT_PACK" in logs.stdout + logs.stderr
+
+
+# ---------------------------------------------------------------- GPUs (pytest -m gpu, two GPUs)
+
+
+@pytest.mark.gpu
+def test_gpu_smoke_ray_and_torchrun_nccl(tmp_path) -> None:
+    """launch/gpu_smoke.sh: tp = 2 with NCCL through Ray and torchrun, eager and breakable graphs."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    r = subprocess.run([str(REPO / "launch" / "gpu_smoke.sh")], env=child_env(OUT=str(tmp_path)),
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    runs = {rec["run"]: rec for rec in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
+    assert set(runs) == {"ray_eager", "torchrun_eager", "ray_breakable", "torchrun_breakable"}
+    assert all(rec["rc"] == 0 and rec["device"].startswith("cuda") for rec in runs.values()), runs

@@ -1,0 +1,149 @@
+"""torchrun and the local elastic launcher on real processes: standalone and two node-processes
+(c10d rendezvous on a free loopback port, through launch/torchrun_multinode.sh) reproduce the local
+launcher's checksum exactly (same code, same CPU, one thread per rank, a two-addend all-reduce: see
+test_launch_ray.py), and one rank's death ends every rank non-zero in bounded time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
+
+MULTINODE = str(REPO / "launch" / "torchrun_multinode.sh")
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, str, str]]:
+    """(returncode, stdout, stderr) of each process; all killed and the test failed past timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    out = []
+    try:
+        for p in procs:
+            o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            out.append((p.returncode, o, e))
+    except subprocess.TimeoutExpired:
+        stop(procs, grace_s=5)
+        raise AssertionError(f"torchrun did not finish within {timeout_s} s") from None
+    return out
+
+
+def _two_nodes(env: dict[str, str], overrides: list[str]) -> list[subprocess.Popen]:
+    endpoint = f"127.0.0.1:{free_port()}"
+    return [subprocess.Popen([MULTINODE, "--nnodes", "2", "--node-rank", str(k), "--rdzv-endpoint", endpoint,
+                              "--nproc-per-node", "1", "--", TINY, *overrides],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for k in (0, 1)]
+
+
+def test_torchrun_standalone_matches_local(local_checksum: float) -> None:
+    env = child_env()
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "tp_runtime.worker", TINY], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, out, err)] = _wait_all([p], timeout_s=300)
+    assert rc == 0, err[-4000:]
+    rec = last_json(out)
+    assert rec["launcher"] == "torchrun" and rec["tp"] == 2 and rec["completed"] == 8
+    assert rec["output_checksum"] == local_checksum
+    assert not reap(env[MARK])
+
+
+def test_torchrun_two_node_processes_match_local(local_checksum: float) -> None:
+    env = child_env(PYTHON=sys.executable)
+    results = _wait_all(_two_nodes(env, []), timeout_s=300)
+    assert [rc for rc, _, _ in results] == [0, 0], [e[-3000:] for _, _, e in results]
+    reports = [out for _, out, _ in results if out.strip()]
+    assert len(reports) == 1, "exactly one node holds rank 0 and prints the report"
+    assert last_json(reports[0])["output_checksum"] == local_checksum
+    assert not reap(env[MARK])
+
+
+def test_torchrun_rank_failure_ends_every_node() -> None:
+    # The rank that becomes 1 SIGKILLs itself as step 5 begins (parallel.fail_rank, a testing key).
+    env = child_env(PYTHON=sys.executable)
+    t0 = time.monotonic()
+    results = _wait_all(_two_nodes(env, ["parallel.fail_rank=1", "parallel.fail_step=5"]), timeout_s=120)
+    elapsed = time.monotonic() - t0
+    assert all(rc != 0 for rc, _, _ in results), [rc for rc, _, _ in results]
+    assert any("SIGKILL" in err for _, _, err in results), results[0][2][-3000:]
+    # A healthy run takes ~10 s here; the peer's next collective fails at once on the closed
+    # connection, so the bound is the run plus the agents' shutdown, well inside a minute.
+    assert elapsed < 60, elapsed
+    assert not reap(env[MARK])
+
+
+def _workers(agent: int) -> list[int]:
+    """The rank processes torchrun's agent started (its children)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == agent:
+                kids.append(int(d))
+    return kids
+
+
+def _cpu_s(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_sigkill_one_torchrun_rank_ends_all() -> None:
+    env = child_env()
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "tp_runtime.worker", TINY, "workload.requests=128"], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Mid-run: both ranks exist and each has spent 3 s of CPU. Measured here: stepping begins
+        # at ~1.7 s of CPU per rank (torch imported, group joined, weights drawn), and 64 requests
+        # end at ~5.5 s, so 128 requests leave the run far from done when the kill lands.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ranks = _workers(p.pid)
+            try:
+                if len(ranks) == 2 and min(_cpu_s(r) for r in ranks) >= 3.0:
+                    break
+            except OSError:  # a rank ended between listing and reading: the poll below reports it
+                pass
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            time.sleep(0.2)
+        else:
+            raise AssertionError("torchrun's two ranks did not get going within 120 s")
+        os.kill(max(ranks), signal.SIGKILL)
+        t0 = time.monotonic()
+        [(rc, out, err)] = _wait_all([p], timeout_s=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        stop([p], grace_s=5)
+    assert rc != 0 and "SIGKILL" in err, err[-3000:]
+    assert "output_checksum" not in out  # killed mid-run: no report
+    assert elapsed < 30, elapsed  # the agent notices within its 0.1 s monitor interval, then stops the other rank
+    assert not reap(env[MARK])
+
+
+def test_local_launcher_rank_failure_is_launch_error() -> None:
+    t0 = time.monotonic()
+    r = run_cli(["run", TINY, "parallel.launcher=local", "parallel.fail_rank=1", "parallel.fail_step=5"],
+                timeout_s=120)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "error: rank 1 failed (exit code -9)" in r.stderr, r.stderr[-3000:]
+    assert elapsed < 60, elapsed
+
+
+def test_torchrun_world_size_must_match_tp() -> None:
+    env = child_env()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                        "-m", "tp_runtime.worker", TINY], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "torchrun started 1 processes (nnodes x nproc-per-node) but parallel.tp=2" in r.stderr, r.stderr[-3000:]
+    assert not reap(env[MARK])
