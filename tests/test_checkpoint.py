@@ -379,6 +379,6 @@ def test_gpu_load_is_exact_in_bf16_and_runs_at_tp2(ckpt, tmp_path):
         assert torch.equal(got.cpu(), value.to(got.dtype)), spec.name
     assert rep["s"] > 0
     if torch.cuda.device_count() >= 2:
-        proc = run_cli(["check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "runtime.device=cuda",
-                       "runtime.dtype=bfloat16", *SCENARIO], timeout_s=300)
+        proc = run_cli(["check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "parallel.launcher=local", "runtime.device=cuda",
+                       *SCENARIO], timeout_s=300)
         assert proc.returncode == 0 and last_json(proc.stdout)["ok"], proc.stdout[-3000:] + proc.stderr[-3000:]
