@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ:  # torchrun started this process
         res = allreduce_entry(opts)
     else:
-        from tp_runtime.bench import run_elastic
+        from tp_runtime.launcher import run_elastic
         from tp_runtime.launcher import LaunchError
 
         try:

@@ -15,23 +15,19 @@ follow, and the last stdout line is the JSON summary.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import logging
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Callable
 
 from tp_runtime.bench_config import SweepConfig, load_sweep
 from tp_runtime.bench_loop import bench_entry
 from tp_runtime.bench_report import print_tables, split_records, summary, write_jsonl
 from tp_runtime.config import ConfigError, RunConfig
-from tp_runtime.launcher import LaunchError, _failure_message
+from tp_runtime.launcher import LaunchError, run_on_ranks
 
-__all__ = ["bench_entry", "launch_plan", "run_bench", "run_elastic", "run_on_ranks"]
+__all__ = ["bench_entry", "launch_plan", "run_bench"]
 
 
 def _label(variant: tuple) -> str:
@@ -58,55 +54,6 @@ def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
                       "progress": {"offset": i * per_tp, "total": per_tp * len(sweep.tps)}}
         plan.append((sweep.worker_config(tp, variants[0], modes[0]), bench_dict))
     return plan
-
-
-# ------------------------------------------------------------------ launchers
-
-
-def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any) -> Any:
-    """Run entry(*args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's result."""
-    p = cfg.parallel
-    if p.launcher == "ray":
-        return _ray(cfg, entry, args)
-    if p.launcher == "torchrun":
-        raise LaunchError("parallel.launcher=torchrun: start the ranks with "
-                          "`torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]`")
-    if p.tp == 1:
-        return entry(*args)
-    return run_elastic(p.tp, entry, args)
-
-
-def _ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
-    """Ray actors run `entry` through ray_launch.launch_ray(cfg, entry=..., args=...)."""
-    try:
-        from tp_runtime import ray_launch
-    except ImportError as e:
-        raise LaunchError(f"parallel.launcher=ray needs tp_runtime.ray_launch, which cannot be imported ({e})") \
-            from None
-    params = inspect.signature(ray_launch.launch_ray).parameters
-    if not {"entry", "args"} <= set(params):
-        raise LaunchError("parallel.launcher=ray: tp_runtime.ray_launch.launch_ray does not accept "
-                          "entry= and args=, so it cannot run the benchmark's per-rank entry")
-    return ray_launch.launch_ray(cfg, entry=entry, args=args)
-
-
-def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
-    """entry(*args) in nproc processes on this host (torch's elastic agent, c10d rendezvous on a free
-    port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                      run_id=f"tp-runtime-bench-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                      rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    try:
-        return elastic_launch(lc, entry)(*args)[0]
-    except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): {_failure_message(failure)}") \
-            from None
 
 
 # ------------------------------------------------------------------ the command
@@ -147,7 +94,7 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     records: list[dict] = []
     try:
         for cfg, bench_dict in launch_plan(sweep):
-            records += run_on_ranks(cfg, bench_entry, cfg.to_dict(), bench_dict) or []
+            records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -27,12 +27,12 @@ from tqdm import tqdm
 
 from tp_runtime.batch import SeqChunk, StepPlan
 from tp_runtime.bench_config import BenchSettings
-from tp_runtime.bench_measure import (BreakTimer, StepTimer, allreduce_ms, copy_bandwidth, ratio_stats,
-                                     summarize_ms, timer_name)
+from tp_runtime.bench_measure import BreakTimer, allreduce_ms, copy_bandwidth, ratio_stats, summarize_ms
 from tp_runtime.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.config import config_from_dict
 from tp_runtime.distributed import TPGroup, init_from_env, resolve_device, shutdown, single_process
 from tp_runtime.roofline import model_seconds, step_bytes
+from tp_runtime.timing import StepTimer, timer_name
 from tp_runtime.worker import Worker
 from tp_runtime.workload import Workload
 

@@ -14,6 +14,7 @@ import torch
 
 from tp_runtime.batch import StepPlan
 from tp_runtime.scheduler import Rejection, Scheduler
+from tp_runtime.timing import StepTimer
 from tp_runtime.worker import Worker
 from tp_runtime.workload import build_workload, write_dump
 
@@ -42,30 +43,6 @@ class RunResult:
         return statistics.median(self.decode_step_ms) if self.decode_step_ms else None
 
 
-class _Timer:
-    """Per-step durations: CUDA events on GPU (read once at the end), host clock on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: list = []
-
-    def start(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def stop(self, t0, decode: bool) -> None:
-        self.marks.append((t0, self.start(), decode))
-
-    def durations_ms(self) -> list[tuple[float, bool]]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [(a.elapsed_time(b), d) for a, b, d in self.marks]
-        return [((b - a) * 1e3, d) for a, b, d in self.marks]
-
-
 def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> RunResult | None:
     cfg, tp = worker.cfg, worker.tp
     rt = cfg.runtime
@@ -77,7 +54,7 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."), load=worker.load_report)
     parts: dict[int, list[torch.Tensor]] = {}
     checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
-    timer = _Timer(worker.device)
+    timer, decode_steps = StepTimer(worker.device), []
     t_start = time.perf_counter()
     while True:
         wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
@@ -90,9 +67,10 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
             break
         plan = StepPlan.decode_wire(wire)
         x = workload.step_inputs(plan, worker.device, worker.dtype)
-        t0 = timer.start()
+        t0 = timer.now()
         out, size = worker.step(plan, x)
-        timer.stop(t0, plan.decode_only)
+        timer.stop(t0)
+        decode_steps.append(plan.decode_only)
         res.steps += 1
         if size is not None:
             res.replayed_steps += 1
@@ -112,8 +90,8 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     res.wall_s = time.perf_counter() - t_start
     if sched is None:
         return None
-    res.step_ms = [d for d, _ in durations]
-    res.decode_step_ms = [d for d, dec in durations if dec]
+    res.step_ms = durations
+    res.decode_step_ms = [d for d, dec in zip(durations, decode_steps) if dec]
     res.output_checksum = float(checksum)
     res.rejected, res.completed = sched.rejected, len(sched.finished)
     res.graph = _graph_stats(worker)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from typing import Any, Callable
 
 from tp_runtime.config import RunConfig
 from tp_runtime.driver import RunResult
@@ -24,18 +25,8 @@ class LaunchError(RuntimeError):
 
 
 def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
-    p = cfg.parallel
-    if p.launcher == "ray":
-        from tp_runtime.ray_launch import launch_ray
-
-        return launch_ray(cfg, oneshot=oneshot, keep_outputs=keep_outputs)
-    if p.launcher == "torchrun":
-        raise LaunchError("parallel.launcher=torchrun: start the ranks with "
-                          "`torchrun --nproc-per-node N -m tp_runtime.worker CONFIG [key=value ...]` "
-                          "(several machines: launch/torchrun_multinode.sh)")
-    if p.tp == 1:
-        return in_process(cfg, oneshot, keep_outputs)
-    return _elastic(cfg, oneshot, keep_outputs)
+    """Run the workload on every rank under cfg.parallel.launcher; rank 0's result."""
+    return run_on_ranks(cfg, worker_entry, oneshot, keep_outputs)
 
 
 def in_process(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
@@ -43,25 +34,43 @@ def in_process(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False
     return worker_entry(cfg.to_dict(), oneshot=oneshot, keep_outputs=keep_outputs)
 
 
-def _elastic(cfg: RunConfig, oneshot: bool, keep_outputs: bool) -> RunResult:
+def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any, torchrun_module: str = "tp_runtime.worker") -> Any:
+    """entry(cfg_dict, *args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's
+    return value. Every per-rank entry (worker_entry, bench_entry) takes the config dict first."""
+    p = cfg.parallel
+    if p.launcher == "ray":
+        from tp_runtime.ray_launch import launch_ray
+
+        return launch_ray(cfg, entry, args)
+    if p.launcher == "torchrun":
+        raise LaunchError(f"parallel.launcher=torchrun: start the ranks with `torchrun --nproc-per-node N "
+                          f"-m {torchrun_module} CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
+                          "several nodes)")
+    if p.tp == 1:
+        return entry(cfg.to_dict(), *args)
+    return run_elastic(p.tp, entry, (cfg.to_dict(), *args))
+
+
+def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
+    """entry(*args) in nproc processes on this host through torch's elastic agent (c10d rendezvous on a
+    free port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     lc = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.tp,
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.tp)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
-        results = elastic_launch(lc, worker_entry)(cfg.to_dict(), oneshot, keep_outputs)
+        return elastic_launch(lc, entry)(*args)[0]
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): "
                           f"{_failure_message(failure)}") from None
-    return results[0]
 
 
 def _failure_message(failure) -> str:

@@ -1,4 +1,5 @@
-"""Ray launcher: one actor per rank in one placement group, every actor running `worker.worker_entry`.
+"""Ray launcher: one actor per rank in one placement group, every actor running the per-rank entry
+(`worker.worker_entry` for runs, `bench_loop.bench_entry` for benchmarks).
 
     launch_ray(cfg)    RAY_ADDRESS unset: an embedded Ray on 127.0.0.1 (tp logical CPUs, no dashboard)
                        RAY_ADDRESS set (as under `ray job submit`): join that cluster, shipping this
@@ -25,6 +26,7 @@ import re
 import socket
 import sys
 import uuid
+from typing import Any, Callable
 from dataclasses import dataclass
 
 # An embedded Ray (no cluster address) stays on this machine: with clusters switched off (Ray's own
@@ -46,7 +48,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 import tp_runtime  # noqa: E402
 from tp_runtime.config import RunConfig  # noqa: E402
-from tp_runtime.driver import RunResult  # noqa: E402
 from tp_runtime.launcher import LaunchError  # noqa: E402
 from tp_runtime.worker import worker_entry  # noqa: E402
 
@@ -89,9 +90,9 @@ class RankActor:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def run(self, env: dict[str, str], cfg_dict: dict, oneshot: bool, keep_outputs: bool) -> RunResult | None:
+    def run(self, env: dict[str, str], entry: Callable[..., Any], args: tuple) -> Any:
         os.environ.update(env)  # read once by distributed.init_from_env
-        return worker_entry(cfg_dict, oneshot=oneshot, keep_outputs=keep_outputs)
+        return entry(*args)
 
 
 # ---------------------------------------------------------------- connecting
@@ -249,14 +250,14 @@ class RankGroup:
                           f"{s.local_world_size}, pid {s.pid})" for s in self.slots)
         return f"tp_runtime ray: {len(self.bundles)} x {_fmt(self.bundles[0])} {self.strategy}: {ranks}"
 
-    def run(self, cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
-        """Every rank runs worker_entry; returns rank 0's result or raises LaunchError on a failed rank."""
+    def run(self, cfg: RunConfig, entry: Callable[..., Any], args: tuple) -> Any:
+        """Every rank runs entry(cfg_dict, *args); returns rank 0's result or raises LaunchError on a failed rank."""
         cfg_dict = cfg.to_dict()
         cfg_dict["runtime"]["device"] = "cuda" if self.use_gpu else "cpu"  # what the bundles hold
         (port,) = self._get([self.actors[0].free_port.remote()], "pick a rendezvous port on rank 0's node")
         common = {"WORLD_SIZE": str(len(self.slots)), "MASTER_ADDR": self.slots[0].node_ip, "MASTER_PORT": str(port)}
         futures = [a.run.remote({**common, "RANK": str(s.rank), "LOCAL_RANK": str(s.local_rank),
-                                 "LOCAL_WORLD_SIZE": str(s.local_world_size)}, cfg_dict, oneshot, keep_outputs)
+                                 "LOCAL_WORLD_SIZE": str(s.local_world_size)}, entry, (cfg_dict, *args))
                    for a, s in zip(self.actors, self.slots)]
         pending = list(futures)
         while pending:  # poll all ranks: a failed one is seen within POLL_S, wherever it is
@@ -281,14 +282,15 @@ class RankGroup:
             self.pg = None
 
 
-def launch_ray(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
-    """Run every rank as a Ray actor and return rank 0's result; LaunchError names a failed rank."""
+def launch_ray(cfg: RunConfig, entry: Callable[..., Any] = worker_entry, args: tuple = ()) -> Any:
+    """Run entry(cfg_dict, *args) on every rank as a Ray actor (worker_entry by default) and return
+    rank 0's result; LaunchError names a failed rank."""
     started = connect(cfg)
     try:
         group = RankGroup(cfg)
         try:
             print(group.describe(), file=sys.stderr, flush=True)
-            return group.run(cfg, oneshot=oneshot, keep_outputs=keep_outputs)
+            return group.run(cfg, entry, args)
         finally:
             group.close()
     finally:
