@@ -44,48 +44,29 @@ class RunResult:
 
 
 def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> RunResult | None:
-    cfg, tp = worker.cfg, worker.tp
-    rt = cfg.runtime
+    """Run the workload to the end; rank 0 returns the result, the other ranks None."""
+    cfg, tp, rt = worker.cfg, worker.tp, worker.cfg.runtime
     workload = build_workload(cfg)
     keep = keep_outputs or bool(cfg.workload.dump)
     sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
                        oneshot) if tp.rank == 0 else None)
-    capacity = rt.max_seqs
     res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."), load=worker.load_report)
     parts: dict[int, list[torch.Tensor]] = {}
     checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
     timer, decode_steps = StepTimer(worker.device), []
     t_start = time.perf_counter()
-    while True:
-        wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
-        if sched is not None:
-            plan = sched.next_plan()
-            if plan is not None:
-                wire = plan.encode(capacity)
-        tp.broadcast_from_driver(wire)
-        if int(wire[0]) < 0:
-            break
-        plan = StepPlan.decode_wire(wire)
+    while (plan := _next_plan(sched, tp, rt.max_seqs)) is not None:
         x = workload.step_inputs(plan, worker.device, worker.dtype)
         t0 = timer.now()
         out, size = worker.step(plan, x)
         timer.stop(t0)
         decode_steps.append(plan.decode_only)
-        res.steps += 1
-        if size is not None:
-            res.replayed_steps += 1
-            res.replays_by_size[size] = res.replays_by_size.get(size, 0) + 1
-        if sched is None:
-            continue
-        checksum += out.double().abs().sum()
-        if keep:
-            _collect(parts, plan, out)
-        sched.complete(plan)
-        for c in plan.chunks:
-            if c.decode:
-                res.decode_tokens += c.length
-            else:
-                res.prefill_tokens += c.length
+        _count(res, plan, size)
+        if sched is not None:
+            checksum += out.double().abs().sum()
+            if keep:
+                _collect(parts, plan, out)
+            sched.complete(plan)
     durations = timer.durations_ms()
     res.wall_s = time.perf_counter() - t_start
     if sched is None:
@@ -100,6 +81,27 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     if cfg.workload.dump:
         write_dump(cfg.workload.dump, workload, res.outputs)
     return res
+
+
+def _next_plan(sched: Scheduler | None, tp, capacity: int) -> StepPlan | None:
+    """Rank 0 decides the next step and broadcasts it; every rank returns the same plan (None: done)."""
+    wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
+    if sched is not None and (plan := sched.next_plan()) is not None:
+        wire = plan.encode(capacity)
+    tp.broadcast_from_driver(wire)
+    return None if int(wire[0]) < 0 else StepPlan.decode_wire(wire)
+
+
+def _count(res: RunResult, plan: StepPlan, replayed_size: int | None) -> None:
+    res.steps += 1
+    if replayed_size is not None:
+        res.replayed_steps += 1
+        res.replays_by_size[replayed_size] = res.replays_by_size.get(replayed_size, 0) + 1
+    for c in plan.chunks:
+        if c.decode:
+            res.decode_tokens += c.length
+        else:
+            res.prefill_tokens += c.length
 
 
 def _collect(parts: dict[int, list[torch.Tensor]], plan: StepPlan, out: torch.Tensor) -> None:
