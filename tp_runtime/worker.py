@@ -120,7 +120,7 @@ class FaultyWorker(Worker):
 
     steps_begun = 0
 
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, bool]:
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, int | None]:
         if self.steps_begun == self.cfg.parallel.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)
         self.steps_begun += 1
