@@ -5,7 +5,8 @@
 #
 #   OUT=/tmp/smoke launch/gpu_smoke.sh
 #
-# Ray: when `import ray` fails and .whl/ exists (../shared/tools/device_wheels.sh builds it), the
+# Ray: when `import ray` fails and .whl/ exists (Ray's wheels for that machine's Python, e.g. from
+# `pip download --only-binary=:all: --python-version 3.12 ray`), the
 # wheels are installed into .site/ first. Every run is bounded by `timeout 120`. Writes, under $OUT:
 # <launcher>_<mode>.log (stdout + stderr of the run), results.jsonl (each run's JSON record, plus
 # "run" and "rc"), and prints a table. Exit status: 0 when every run succeeded on cuda with NCCL,
