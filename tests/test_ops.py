@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from tp_runtime.config import load_config
@@ -82,3 +83,27 @@ def test_indexer_topk_masks_and_breaks_ties_low():
     picks = indexer_topk(q, w, keys, _B(torch.tensor([0])), torch.tensor([1]), 5, 3)
     assert picks.tolist() == [[0, -1, -1]]  # fewer valid entries than K: the rest are empty
 
+
+
+def test_seeded_weights_depend_only_on_seed_name_and_index():
+    from tp_runtime.seeded import named_normal, normal, stream_key
+
+    cpu = torch.device("cpu")
+    w = named_normal(3, "layers.0.attn.wq_b.weight", (6, 4), cpu)
+    key = torch.tensor(stream_key(3, "layers.0.attn.wq_b.weight"))
+    assert torch.equal(w.flatten(), normal(key, torch.arange(24)))  # element i of the row-major order
+    assert torch.equal(w[2:4], named_normal(3, "layers.0.attn.wq_b.weight", (6, 4), cpu)[2:4])
+    assert not torch.allclose(w, named_normal(3, "layers.1.attn.wq_b.weight", (6, 4), cpu))
+    assert not torch.allclose(w, named_normal(4, "layers.0.attn.wq_b.weight", (6, 4), cpu))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_seeded_weights_equal_on_cpu_and_gpu():
+    from tp_runtime.seeded import named_normal
+
+    a = named_normal(0, "w", (257, 129), torch.device("cpu"))
+    b = named_normal(0, "w", (257, 129), torch.device("cuda")).cpu()
+    # integer hashing is exact on both; only the float64 log / cos of Box-Muller may differ in the
+    # last bits, far below float32 resolution
+    assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)

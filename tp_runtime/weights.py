@@ -3,18 +3,18 @@
 One table (`model_specs`) drives drawing, checkpoint loading and checkpoint writing: for each
 checkpoint tensor it gives the full shape, the parameter it fills (and where, for fused GEMMs),
 and the dimension split across ranks. A seeded draw makes the full tensor from (seed, name) on the
-run's device and keeps this rank's shard, so tp = 1 and tp = 4 hold the same model.
+run's device and keeps this rank's shard, so tp = 1 and tp = 4, CPU and GPU hold the same model.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
 from tp_runtime.config import ModelConfig
 from tp_runtime.distributed import TPGroup
+from tp_runtime.seeded import named_normal
 from tp_runtime.stack import AttentionStack
 
 
@@ -89,14 +89,10 @@ def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> None:
     param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
 
 
-def _seed_for(seed: int, name: str) -> int:
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
-
-
 def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor:
-    """The full fp32 tensor a seeded model holds under spec.name; identical on every rank."""
-    g = torch.Generator(device=device).manual_seed(_seed_for(seed, spec.name))
-    z = torch.randn(spec.shape, generator=g, device=device, dtype=torch.float32)
+    """The full fp32 tensor a seeded model holds under spec.name: a function of (seed, name, element
+    index) only, so identical on every rank, tp and device (seeded.py)."""
+    z = named_normal(seed, spec.name, spec.shape, device)
     if spec.kind == "matrix":
         return z / spec.shape[1] ** 0.5  # unit-scale outputs for unit-scale inputs
     if spec.kind == "norm":

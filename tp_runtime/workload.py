@@ -8,7 +8,6 @@ int64 [R]. `dump` writes the same keys plus `output.{i}` [L_i, hidden_size] floa
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from tp_runtime.batch import StepPlan
 from tp_runtime.config import RunConfig
-
-_M32 = 0xFFFFFFFF
-
+from tp_runtime.seeded import token_rows
 
 class InputError(ValueError):
     """A user input file that cannot be used; the message names the tensor and the file."""
@@ -38,25 +35,6 @@ class Request:
         return self.prompt_len + self.decode_len
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (lowbias32) on int64 tensors; products wrap, low 32 bits kept."""
-    x = x & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
-def seeded_rows(seed: int, request: torch.Tensor, pos: torch.Tensor, hidden: int) -> torch.Tensor:
-    """Standard-normal rows [T, hidden] (fp32) that depend only on (seed, request, position, channel)."""
-    key = _mix32(_mix32(_mix32(torch.full_like(pos, seed)) ^ request) ^ pos)[:, None]  # [T, 1]
-    ch = torch.arange(hidden, device=pos.device, dtype=torch.long)[None]
-    u1 = (_mix32(key ^ _mix32(2 * ch)).double() + 0.5) / 2**32
-    u2 = (_mix32(key ^ _mix32(2 * ch + 1)).double() + 0.5) / 2**32
-    return (torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * math.pi * u2)).float()
-
-
 class Workload:
     def __init__(self, requests: list[Request], hidden: int, seed: int,
                  inputs: dict[int, torch.Tensor] | None = None):
@@ -69,14 +47,14 @@ class Workload:
             return torch.cat(rows).to(device=device, dtype=dtype)
         req = torch.cat([torch.full((c.length,), c.request, dtype=torch.long) for c in plan.chunks])
         pos = torch.cat([torch.arange(c.start, c.start + c.length) for c in plan.chunks])
-        return seeded_rows(self.seed, req.to(device), pos.to(device), self.hidden).to(dtype)
+        return token_rows(self.seed, req.to(device), pos.to(device), self.hidden).to(dtype)
 
     def request_inputs(self, r: Request, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """All input rows [L, hidden] of one request (the oracle's and the dump's view)."""
         if self._inputs is not None:
             return self._inputs[r.id].to(device=device, dtype=dtype)
         pos = torch.arange(r.total_len, device=device)
-        return seeded_rows(self.seed, torch.full_like(pos, r.id), pos, self.hidden).to(dtype)
+        return token_rows(self.seed, torch.full_like(pos, r.id), pos, self.hidden).to(dtype)
 
 
 def build_workload(cfg: RunConfig) -> Workload:
