@@ -59,12 +59,19 @@ def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
 # ------------------------------------------------------------------ the command
 
 
-def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> dict:
-    """Write JSON lines, summary and plots; print the tables and the JSON summary (last stdout line)."""
+def write_records(sweep: SweepConfig, records: list[dict]) -> tuple[Path, list[dict], list[dict]]:
+    """points.jsonl and comparisons.jsonl of the records so far (rewritten after every tp launch, so
+    a sweep stopped part-way keeps the tp values it finished)."""
     out_dir = Path(sweep.bench.output) / sweep.name
     points, comparisons = split_records(records)
     write_jsonl(out_dir / "points.jsonl", points)
     write_jsonl(out_dir / "comparisons.jsonl", comparisons)
+    return out_dir, points, comparisons
+
+
+def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> dict:
+    """Write JSON lines, summary and plots; print the tables and the JSON summary (last stdout line)."""
+    out_dir, points, comparisons = write_records(sweep, records)
     files = ["points.jsonl", "comparisons.jsonl", "summary.json"]
     plots = "off (bench.plots=false)"
     if sweep.bench.plots and points:
@@ -95,6 +102,7 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     try:
         for cfg, bench_dict in launch_plan(sweep):
             records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
+            write_records(sweep, records)
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
