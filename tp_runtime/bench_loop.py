@@ -14,7 +14,6 @@ baselines; the other ranks wait at a barrier while they run). Per point:
 from __future__ import annotations
 
 import gc
-import os
 import platform
 import statistics
 import sys
@@ -30,7 +29,7 @@ from tp_runtime.bench_config import BenchSettings
 from tp_runtime.bench_measure import BreakTimer, allreduce_ms, copy_bandwidth, ratio_stats, summarize_ms
 from tp_runtime.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.config import config_from_dict
-from tp_runtime.distributed import TPGroup, init_from_env, resolve_device, shutdown, single_process
+from tp_runtime.distributed import TPGroup, group_from_env, shutdown, single_process
 from tp_runtime.roofline import model_seconds, step_bytes
 from tp_runtime.timing import StepTimer, timer_name
 from tp_runtime.worker import Worker
@@ -82,10 +81,7 @@ def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
     """Every rank: join the group (RANK set) or run tp = 1 here, run every group, return rank 0's records."""
     cfg = config_from_dict(cfg_dict)
     p = cfg.parallel
-    if "RANK" in os.environ:
-        tp = init_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    else:
-        tp = single_process(resolve_device(cfg.runtime.device))
+    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
     env = None
     try:
         env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), _machine(tp, bench_dict), p.launcher,

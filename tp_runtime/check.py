@@ -19,7 +19,7 @@ from tp_runtime.distributed import resolve_device, single_process
 from tp_runtime.launcher import in_process, launch
 from tp_runtime.reference import reference_stack
 from tp_runtime.stack import AttentionStack
-from tp_runtime.weights import full_tensors, init_seeded
+from tp_runtime.weights import fill_weights, full_tensors
 from tp_runtime.worker import resolve_dtype
 from tp_runtime.workload import build_workload
 
@@ -58,13 +58,7 @@ def reference_outputs(cfg: RunConfig, requests: list[int]) -> dict[int, torch.Te
     device = resolve_device(cfg.runtime.device)
     dtype = resolve_dtype(cfg.runtime.dtype, device)
     stack = AttentionStack(cfg.model, single_process(device), cfg.runtime.max_len, dtype, device)
-    with torch.no_grad():
-        if cfg.model.checkpoint:
-            from tp_runtime.checkpoint import load_checkpoint
-
-            load_checkpoint(stack, cfg.model.checkpoint)
-        else:
-            init_seeded(stack, cfg.runtime.seed)
+    fill_weights(stack, cfg.model.checkpoint, cfg.runtime.seed)
     # The oracle sees the run's weights exactly (already rounded to the run's dtype), in float64.
     w = {k: v.double() for k, v in full_tensors(stack).items()}
     del stack

@@ -91,6 +91,13 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
     return TPGroup(rank=rank, size=world, device=device, group=dist.group.WORLD, cpu_group=cpu_group)
 
 
+def group_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
+    """The group a launcher prepared (RANK set), or tp = 1 in this very process (no RANK)."""
+    if "RANK" in os.environ:
+        return init_from_env(device_kind, backend, timeout_s)
+    return single_process(resolve_device(device_kind))
+
+
 def warm_up_collectives(tp: TPGroup) -> None:
     """One eager all-reduce so NCCL's communicator exists before any graph capture."""
     if tp.size > 1:

@@ -109,6 +109,17 @@ def init_seeded(stack: AttentionStack, seed: int) -> None:
             place(stack, spec, shard_of(spec, draw_full(spec, seed, stack.device), stack.tp))
 
 
+def fill_weights(stack: AttentionStack, checkpoint: str | None, seed: int) -> dict:
+    """A checkpoint's shard when one is given (its load report), else the seeded draw ({})."""
+    with torch.no_grad():
+        if checkpoint:
+            from tp_runtime.checkpoint import load_checkpoint  # checkpoint.py builds on this module
+
+            return load_checkpoint(stack, checkpoint)
+        init_seeded(stack, seed)
+    return {}
+
+
 def full_tensors(stack: AttentionStack) -> dict[str, torch.Tensor]:
     """Checkpoint-named full tensors of an unsharded (tp = 1) stack: the oracle's input."""
     if stack.tp.size != 1:

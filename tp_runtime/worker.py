@@ -23,11 +23,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.batch import LiveBatch, StepBuffers, StepPlan
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
-from tp_runtime.distributed import (TPGroup, init_from_env, resolve_device, shutdown, single_process,
-                                    warm_up_collectives)
+from tp_runtime.distributed import TPGroup, group_from_env, shutdown, warm_up_collectives
 from tp_runtime.graphs import StepGraphs
 from tp_runtime.stack import AttentionStack
-from tp_runtime.weights import init_seeded
+from tp_runtime.weights import fill_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -45,7 +44,7 @@ class Worker:
         self.dtype = resolve_dtype(rt.dtype, self.device)
         self.break_scope = g.break_scope
         self.stack = AttentionStack(cfg.model, tp, rt.max_len, self.dtype, self.device)
-        self.load_report = self._load_weights()
+        self.load_report = fill_weights(self.stack, cfg.model.checkpoint, rt.seed)
         self.caches = self.stack.allocate_caches(rt.max_seqs, rt.max_len)
         capacity = rt.max_len if oneshot else max(rt.max_tokens_per_step, max(g.capture_sizes))
         self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device,
@@ -57,14 +56,6 @@ class Worker:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _load_weights(self) -> dict:
-        with torch.no_grad():
-            if self.cfg.model.checkpoint:
-                from tp_runtime.checkpoint import load_checkpoint
-
-                return load_checkpoint(self.stack, self.cfg.model.checkpoint)
-            init_seeded(self.stack, self.cfg.runtime.seed)
-        return {}
 
     def _graphs_wanted(self) -> bool:
         if self.cfg.graph.mode != "breakable":
@@ -136,10 +127,7 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
 
     cfg = config_from_dict(cfg_dict)
     p = cfg.parallel
-    if "RANK" in os.environ:
-        tp = init_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    else:  # tp = 1 in the caller's process
-        tp = single_process(resolve_device(cfg.runtime.device))
+    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
     worker = None
     try:
         worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
