@@ -2,9 +2,9 @@
 plus the measured all-reduce latency once per layer.
 
 Bytes read per rank and step (each counted once; activations and cache writes are a few rows and left out):
-  weights  this rank's share of wq_b, wo_a, wo_b and attn_sink (sharded by tp) and the replicated
-           wq_a + wkv, q_norm, kv_norm, attn_norm, compressor (r > 0) and indexer (r = 4) tensors, in the
-           run dtype (ape and attn_sink are fp32);
+  weights  every tensor of the shard table (weights.layer_specs): this rank's share of wq_b, wo_a, wo_b
+           and attn_sink (sharded by tp) and the replicated wq_a + wkv, q_norm, kv_norm, attn_norm,
+           compressor (r > 0) and indexer (r = 4) tensors, in the run dtype (ape and attn_sink fp32);
   cache    per sequence and layer, in the cache dtype: the window rows min(W, ctx); r = 4: the selected
            compressed rows min(K, ctx // 4) and the indexer keys ctx // 4 rows of Id; r = 128: all
            ctx // 128 compressed rows. Every rank reads these whole: the one KV row per token is shared
@@ -17,9 +17,11 @@ ctx is the number of tokens in the cache when the step runs (the decode position
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tp_runtime.config import ModelConfig
+from tp_runtime.weights import layer_specs
 
 FP32 = 4
 
@@ -38,23 +40,13 @@ class StepBytes:
 
 
 def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int) -> int:
-    """Weight bytes one rank holds (and reads once per step) for one layer of compress ratio `ratio`."""
-    hid, D, H, G = m.hidden_size, m.head_dim, m.num_attention_heads, m.o_groups
-    Rq, Ro = m.q_lora_rank, m.o_lora_rank
-    sharded = (H * D * Rq + G * Ro * (H * D // G) + hid * G * Ro) // tp  # wq_b, wo_a, wo_b
-    replicated = (Rq + D) * hid + Rq + D + hid  # wq_a + wkv, q_norm, kv_norm, attn_norm
-    n = (sharded + replicated) * elem + (H // tp) * FP32  # attn_sink (fp32, local heads)
-    if ratio:
-        n += _compressor_bytes(ratio, D, hid, elem)
-    if ratio == 4:
-        Ih, Id = m.index_n_heads, m.index_head_dim
-        n += (Ih * Id * Rq + Ih * hid) * elem + _compressor_bytes(4, Id, hid, elem)
-    return n
-
-
-def _compressor_bytes(ratio: int, dim: int, hid: int, elem: int) -> int:
-    c = 2 if ratio == 4 else 1
-    return (2 * c * dim * hid + dim) * elem + ratio * c * dim * FP32  # wkv + wgate, norm; ape fp32
+    """Weight bytes one rank holds (and reads once per step) for one layer of compress ratio `ratio`:
+    the shard table's tensors, the split ones divided by tp, in the run dtype (ape, attn_sink fp32)."""
+    total = 0
+    for spec in layer_specs(m, 0, ratio):
+        n = math.prod(spec.shape) // (tp if spec.shard_dim is not None else 1)
+        total += n * (FP32 if spec.kind in ("ape", "sink") else elem)
+    return total
 
 
 def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int) -> int:
@@ -70,8 +62,7 @@ def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: in
 def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int) -> StepBytes:
     """Bytes one rank reads in a decode step over the selected layers (model.layer_ids())."""
     total = StepBytes(0, 0)
-    for i in m.layer_ids():
-        r = m.compress_ratios[i]
+    for r in (m.compress_ratios[i] for i in m.layer_ids()):
         total = total + StepBytes(layer_weight_bytes(m, r, tp, elem), layer_cache_bytes(m, r, batch, ctx, elem))
     return total
 

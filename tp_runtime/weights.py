@@ -29,9 +29,11 @@ class TensorSpec:
     fp8: bool = False  # stored as float8_e4m3fn with 128x128 block scales in released checkpoints
 
 
-def layer_specs(cfg: ModelConfig, i: int) -> list[TensorSpec]:
+def layer_specs(cfg: ModelConfig, i: int, ratio: int | None = None) -> list[TensorSpec]:
+    """Every checkpoint tensor of layer i (of compress ratio `ratio`, default the layer's own)."""
     hid, D, H, G = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.o_groups
-    Rq, Ro, r = cfg.q_lora_rank, cfg.o_lora_rank, cfg.compress_ratios[i]
+    Rq, Ro = cfg.q_lora_rank, cfg.o_lora_rank
+    r = cfg.compress_ratios[i] if ratio is None else ratio
     a = f"layers.{i}.attn."
     specs = [
         TensorSpec(f"layers.{i}.attn_norm.weight", (hid,), f"layers.{i}.attn_norm.weight", kind="norm"),
