@@ -52,19 +52,27 @@ def _series(points: list[dict], x: str, y: str, label_keys: tuple[str, ...]) -> 
     return {k: tuple(map(list, zip(*sorted(v)))) for k, v in sorted(out.items())}
 
 
-def step_time_vs_batch(points: list[dict], out_dir: Path) -> str:
+def _log_lines(points: list[dict], panel: str, x: str, y: str, label_keys: tuple[str, ...], title: str,
+               panel_title: str, xlabel: str, ylabel: str, path: Path) -> str:
+    """Seeded points on log-log axes: a panel per value of `panel`, a line per label, x at the swept values."""
     seeded = [p for p in points if p["cache_fill"] == "seeded"]
-    contexts = sorted({p["context"] for p in seeded})
-    fig, axes = _panels(len(contexts), "decode step time per rank vs batch")
-    for ax, ctx in zip(axes, contexts):
-        for label, (xs, ys) in _series([p for p in seeded if p["context"] == ctx], "batch", "step_ms_median",
-                                       ("mode", "tp") + _variant_key(seeded)).items():
+    values = sorted({p[panel] for p in seeded})
+    fig, axes = _panels(len(values), title)
+    for ax, v in zip(axes, values):
+        for label, (xs, ys) in _series([p for p in seeded if p[panel] == v], x, y,
+                                       label_keys + _variant_key(seeded)).items():
             ax.plot(xs, ys, marker="o", label=label)
-        ax.set(yscale="log", xlabel="batch (sequences)", ylabel="step ms (median)", title=f"context {ctx}")
-        _log_x(ax, [p["batch"] for p in seeded])
+        ax.set(yscale="log", xlabel=xlabel, ylabel=ylabel, title=panel_title.format(v))
+        _log_x(ax, [p[x] for p in seeded])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, out_dir / "step_time_vs_batch.png")
+    return _save(fig, path)
+
+
+def step_time_vs_batch(points: list[dict], out_dir: Path) -> str:
+    return _log_lines(points, "context", "batch", "step_ms_median", ("mode", "tp"),
+                      "decode step time per rank vs batch", "context {}", "batch (sequences)",
+                      "step ms (median)", out_dir / "step_time_vs_batch.png")
 
 
 def speedup_vs_tp(comparisons: list[dict], out_dir: Path) -> str:
@@ -87,18 +95,9 @@ def speedup_vs_tp(comparisons: list[dict], out_dir: Path) -> str:
 
 
 def roofline_ratio_vs_context(points: list[dict], out_dir: Path) -> str:
-    seeded = [p for p in points if p["cache_fill"] == "seeded"]
-    modes = sorted({p["mode"] for p in seeded})
-    fig, axes = _panels(len(modes), "measured step time / roofline model")
-    for ax, mode in zip(axes, modes):
-        for label, (xs, ys) in _series([p for p in seeded if p["mode"] == mode], "context", "roofline_ratio",
-                                       ("tp", "batch") + _variant_key(seeded)).items():
-            ax.plot(xs, ys, marker="o", label=label)
-        ax.set(yscale="log", xlabel="context (tokens)", ylabel="measured / model", title=mode)
-        _log_x(ax, [p["context"] for p in seeded])
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, out_dir / "roofline_ratio_vs_context.png")
+    return _log_lines(points, "mode", "context", "roofline_ratio", ("tp", "batch"),
+                      "measured step time / roofline model", "{}", "context (tokens)", "measured / model",
+                      out_dir / "roofline_ratio_vs_context.png")
 
 
 def write_plots(points: list[dict], comparisons: list[dict], out_dir: Path) -> list[str]:
