@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from tp_runtime.batch import SeqChunk, StepPlan
 from tp_runtime.bench_config import BenchSettings
-from tp_runtime.bench_measure import BreakTimer, allreduce_ms, copy_bandwidth, ratio_stats, summarize_ms
+from tp_runtime.bench_measure import BreakTimer, allreduce_ms, copy_bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.config import config_from_dict
 from tp_runtime.distributed import TPGroup, group_from_env, shutdown, single_process
@@ -186,17 +186,13 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
     prefill = {lane.name: _prefill_ms(lane, s) for lane in main}
     hidden, dtype = main[0].worker.cfg.model.hidden_size, main[0].worker.dtype
     ar = env.allreduce(batch, hidden, dtype)
-    per_rank = env.tp.gather_to_driver({n: statistics.median(_flat(steps[n])) for n in breaks})
+    per_rank = env.tp.gather_to_driver({n: statistics.median(flat(steps[n])) for n in breaks})
     if env.tp.rank != 0:
         return []
     point = {"batch": batch, "context": context, "cache_fill": fill, "variant": group["label"]}
     records = [_record(env, lane, point, steps[lane.name], breaks[lane.name], prefill[lane.name], ar,
                        [r[lane.name] for r in per_rank], fill_s.get(lane.name)) for lane in main]
     return records + _comparisons(env, lanes, steps, point)
-
-
-def _flat(reps: list[list[float]]) -> list[float]:
-    return [x for r in reps for x in r]
 
 
 def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> float:
@@ -275,7 +271,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
             prefill: list[float], ar: dict, per_rank: list[float], fill_s: float | None) -> dict:
     w, s, m = lane.worker, env.s, env.machine
     cfg = w.cfg
-    st = summarize_ms(_flat(steps))
+    st = summarize_ms(flat(steps))
     batch, ctx, tp = point["batch"], point["context"], env.tp.size
     nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize)
     ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
@@ -352,8 +348,8 @@ def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict) -> 
         rec = {"kind": "comparison", "what": what, "name": env.name, **point, "tp": env.tp.size,
                "variant_mode": variant, "baseline": base, "device": env.machine["device"],
                "interleaved": True,
-               "variant_ms_median": statistics.median(_flat(steps[variant])),
-               "baseline_ms_median": statistics.median(_flat(steps[base])),
+               "variant_ms_median": statistics.median(flat(steps[variant])),
+               "baseline_ms_median": statistics.median(flat(steps[base])),
                **{k.replace("ratio", "speedup"): v for k, v in stats.items()}}
         if what == "tp_vs_tp1":
             rec["efficiency"] = rec["speedup"] / env.tp.size

@@ -117,6 +117,11 @@ def _allreduce_graph_ms(tp: TPGroup, x: torch.Tensor, iters: int, replays: int =
 # ------------------------------------------------------------------ statistics
 
 
+def flat(reps: list[list[float]]) -> list[float]:
+    """Every step of every repeat, in order."""
+    return [x for r in reps for x in r]
+
+
 def summarize_ms(xs: list[float]) -> dict:
     """median, p90, min, max of durations in ms."""
     a = np.asarray(xs, dtype=float)
@@ -128,7 +133,6 @@ def ratio_stats(num: list[list[float]], den: list[list[float]]) -> dict:
     """Ratio of medians of all steps, and the spread of per-repeat ratios (repeats interleaved A B A B)."""
     if len(num) != len(den) or not num:
         raise ValueError(f"ratio needs the same number of repeats, got {len(num)} and {len(den)}")
-    flat = lambda reps: [x for r in reps for x in r]  # noqa: E731
     per = np.asarray([statistics.median(a) / statistics.median(b) for a, b in zip(num, den)])
     return {"ratio": statistics.median(flat(num)) / statistics.median(flat(den)),
             "ratio_q1": float(np.percentile(per, 25)), "ratio_q3": float(np.percentile(per, 75)),

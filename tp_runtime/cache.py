@@ -49,6 +49,11 @@ class LayerCache:
                 out += [st.kv, st.score]
         return [t for t in out if t is not None]
 
+    def clear(self, n_slots: int) -> None:
+        """Zero slots 0..n_slots-1 of every tensor."""
+        for t in self.tensors():
+            t[:n_slots].zero_()
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 

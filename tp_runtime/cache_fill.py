@@ -58,8 +58,7 @@ def fill_seeded(caches: list[LayerCache], ratios: list[int], batch: int, context
                              f"{cache.compressed.shape[1]} (runtime.max_len too small)")
         if batch > cache.window.shape[0] - 1:  # the last slot is the trash slot
             raise ValueError(f"batch {batch} exceeds the {cache.window.shape[0] - 1} cache slots")
-        for t in cache.tensors():
-            t[:batch].zero_()
+        cache.clear(batch)
         g = _generator(seed, layer, "window", cache.window.device)
         _ring_write(cache.window, batch, context, g)
         if r:
@@ -80,8 +79,7 @@ def prefill_plans(batch: int, context: int, chunk: int) -> list[StepPlan]:
 def fill_by_prefill(worker: Worker, batch: int, context: int, chunk: int, seed: int) -> int:
     """Clear slots 0..batch-1 and prefill them to `context` tokens with the real model; returns steps run."""
     for cache in worker.caches:
-        for t in cache.tensors():
-            t[:batch].zero_()
+        cache.clear(batch)
     workload = Workload([], worker.cfg.model.hidden_size, seed)
     plans = prefill_plans(batch, context, chunk)
     for plan in plans:
