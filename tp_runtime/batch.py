@@ -69,8 +69,7 @@ class StepBatch:
     start_idx: torch.Tensor  # [T] flat index of the first token of this token's chunk
     start_pos: torch.Tensor  # [T] position of that first token
     last_pos: torch.Tensor  # [T] position of the chunk's last token
-    n_tokens: int  # real tokens (host)
-    n_padded: int  # tokens the step runs with (a capture size, or n_tokens when eager)
+    n_tokens: int  # real tokens (host); the step runs with len(pos) (a capture size, or n_tokens)
     max_pos: int  # largest position in the step (host); bounds compressed candidate sets
 
 
@@ -117,7 +116,7 @@ class StepBuffers:
         """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""
         m = self.meta
         return StepBatch(self.x[:n_padded], m[0, :n_padded], m[1, :n_padded], m[2, :n_padded],
-                         m[3, :n_padded], m[4, :n_padded], n_tokens, n_padded, max_pos)
+                         m[3, :n_padded], m[4, :n_padded], n_tokens, max_pos)
 
 
 class LiveBatch:

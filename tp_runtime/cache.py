@@ -54,9 +54,6 @@ class LayerCache:
         for t in self.tensors():
             t[:n_slots].zero_()
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
 
 def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int, dtype: torch.dtype,
                          device: torch.device) -> LayerCache:
