@@ -23,7 +23,7 @@ import torch
 
 from tp_runtime.bench_measure import allreduce_ms
 from tp_runtime.distributed import init_from_env, shutdown
-from tp_runtime.worker import DTYPES
+from tp_runtime.shard import DTYPES
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:

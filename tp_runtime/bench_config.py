@@ -85,9 +85,11 @@ class SweepConfig:
         return len(self.variants()) * len(self.grid["bench.batch"]) * len(self.grid["bench.context"])
 
     def headroom(self) -> int:
-        """Positions a point adds past its context: warm-up, repeats, break steps, prefill chunks."""
+        """Positions a point adds past its context: warm-up, repeats, break steps and prefill chunks of
+        every mode (the modes' lanes continue the same sequences)."""
         b = self.bench
-        return b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + (1 + b.prefill_steps) * b.prefill_chunk
+        per_mode = b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + (1 + b.prefill_steps) * b.prefill_chunk
+        return len(self.modes) * per_mode
 
     def worker_config(self, tp: int, variant: tuple[tuple[str, Any], ...], mode: str) -> RunConfig:
         """The RunConfig of the Worker that serves every batch and context of (tp, variant, mode)."""

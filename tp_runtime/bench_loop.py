@@ -4,9 +4,11 @@ rank (the elastic agent, torchrun, Ray actors), as `worker.worker_entry` is for 
 
 Per group (one model variant at one tp) every rank builds one Worker per mode and keeps them for all
 batch and context points; with tp > 1 rank 0 also builds tp = 1 Workers of the same modes (the
-baselines; the other ranks wait at a barrier while they run). Per point:
+baselines; the other ranks wait at a barrier while they run). The Workers of one tp share one model
+shard (weights and caches): the lanes continue the same sequences, each lane's steps appending the
+next positions. Per point:
 
-    fill caches (seeded rows, or real prefill for one point per group) -> warm-up decode steps ->
+    fill caches once per shard (seeded rows, or real prefill for one point per group) -> warm-up steps ->
     `repeats` x (each lane `timed_steps` decode steps, lanes interleaved A B A B ...) ->
     steps timed with per-break events -> prefill chunks -> all-reduce of [batch, hidden] -> records
 """
@@ -37,14 +39,22 @@ from tp_runtime.workload import Workload
 
 
 @dataclass
+class Seqs:
+    """The sequences in slots 0..batch-1 of one shard, shared by the lanes that run on it."""
+
+    pos: int = 0  # position of every slot's next decode token
+    fill_s: float | None = None  # seconds the point's cache fill took
+
+
+@dataclass
 class Lane:
-    """One Worker under test and the position its sequences have reached."""
+    """One Worker under test and the sequences it continues."""
 
     name: str  # the mode, or "tp1:<mode>" for a baseline
     mode: str
     worker: Worker | None  # None on ranks other than 0 for a baseline
+    seqs: Seqs
     baseline: bool = False
-    pos: int = 0  # position of every slot's next decode token
     replayed: int = 0  # timed decode steps that replayed a graph
     finite: bool = True  # every output of the timed steps was finite
 
@@ -117,16 +127,21 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
 
 
 def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
-    """One Worker per mode (every rank), then rank 0's tp = 1 baselines; on failure the built ones are freed
-    (graphs must be gone before the process group is destroyed)."""
+    """One Worker per mode (every rank) on one shard, then rank 0's tp = 1 baselines on another; on
+    failure the built ones are freed (graphs must be gone before the process group is destroyed)."""
     tp, lanes = env.tp, []
     try:
+        shard, seqs = None, Seqs()
         for mode, d in group["workers"].items():
-            lanes.append(Lane(mode, mode, Worker(config_from_dict(d, f"{env.name} {mode}"), tp)))
+            worker = Worker(config_from_dict(d, f"{env.name} {mode}"), tp, shard=shard)
+            shard = worker.shard
+            lanes.append(Lane(mode, mode, worker, seqs))
+        shard, seqs, single = None, Seqs(), single_process(tp.device)
         for mode, d in group.get("baselines", {}).items():
-            worker = (Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single_process(tp.device))
+            worker = (Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single, shard=shard)
                       if tp.rank == 0 else None)
-            lanes.append(Lane(f"tp1:{mode}", mode, worker, baseline=True))
+            shard = worker.shard if worker is not None else None
+            lanes.append(Lane(f"tp1:{mode}", mode, worker, seqs, baseline=True))
     except BaseException:
         _release(lanes)
         raise
@@ -171,9 +186,8 @@ def _run_group(env: BenchEnv, group: dict) -> list[dict]:
 def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, context: int,
                fill: str) -> list[dict]:
     s = env.s
-    fill_s: dict[str, float] = {}
-    for lane in lanes:
-        env.on(lane, lambda: fill_s.update({lane.name: _fill(lane, batch, context, fill, s)}))
+    for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each shard
+        env.on(lane, lambda: _fill(lane, batch, context, fill, s))
     steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
     for lane in lanes:
         env.on(lane, lambda: _decode(lane, batch, s.warmup_steps, s.seed))
@@ -191,12 +205,12 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
         return []
     point = {"batch": batch, "context": context, "cache_fill": fill, "variant": group["label"]}
     records = [_record(env, lane, point, steps[lane.name], breaks[lane.name], prefill[lane.name], ar,
-                       [r[lane.name] for r in per_rank], fill_s.get(lane.name)) for lane in main]
+                       [r[lane.name] for r in per_rank]) for lane in main]
     return records + _comparisons(env, lanes, steps, point)
 
 
-def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> float:
-    """Build slots 0..batch-1 at `context` tokens; returns the seconds it took (synchronized)."""
+def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> None:
+    """Build slots 0..batch-1 of the lane's shard at `context` tokens; records the seconds it took."""
     w = lane.worker
     timer = StepTimer(w.device)
     t0 = timer.now()
@@ -205,8 +219,7 @@ def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> f
     else:
         fill_by_prefill(w, batch, context, s.prefill_chunk, s.seed)
     timer.stop(t0)
-    lane.pos = context
-    return timer.durations_ms()[0] / 1e3
+    lane.seqs.pos, lane.seqs.fill_s = context, timer.durations_ms()[0] / 1e3
 
 
 def _decode_plan(batch: int, pos: int) -> StepPlan:
@@ -217,7 +230,7 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
     """n decode steps of slots 0..batch-1 at the lane's next positions; per-step ms (inputs made beforehand)."""
     w = lane.worker
     inputs = Workload([], w.cfg.model.hidden_size, seed)
-    plans = [_decode_plan(batch, lane.pos + i) for i in range(n)]
+    plans = [_decode_plan(batch, lane.seqs.pos + i) for i in range(n)]
     xs = [inputs.step_inputs(p, w.device, w.dtype) for p in plans]
     timer = StepTimer(w.device)
     outs = []
@@ -229,7 +242,7 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
         timer.stop(t0)
         lane.replayed += int(replayed is not None)
         outs.append(out.isfinite().all())  # static output buffer: check before the next step
-    lane.pos += n
+    lane.seqs.pos += n
     durations = timer.durations_ms()
     lane.finite = lane.finite and all(bool(f) for f in outs)
     return durations
@@ -255,12 +268,12 @@ def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
     inputs = Workload([], w.cfg.model.hidden_size, s.seed)
     timer = StepTimer(w.device)
     for i in range(1 + s.prefill_steps):
-        plan = StepPlan((SeqChunk(0, 0, lane.pos, n, False),))
+        plan = StepPlan((SeqChunk(0, 0, lane.seqs.pos, n, False),))
         x = inputs.step_inputs(plan, w.device, w.dtype)
         t0 = timer.now()
         w.step(plan, x)
         timer.stop(t0)
-        lane.pos += n
+        lane.seqs.pos += n
     return timer.durations_ms()[1:]
 
 
@@ -268,7 +281,7 @@ def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
 
 
 def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], brk: dict | None,
-            prefill: list[float], ar: dict, per_rank: list[float], fill_s: float | None) -> dict:
+            prefill: list[float], ar: dict, per_rank: list[float]) -> dict:
     w, s, m = lane.worker, env.s, env.machine
     cfg = w.cfg
     st = summarize_ms(flat(steps))
@@ -298,7 +311,8 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
                 "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total,
                 "roofline_comm_ms": n_layers * ar_ms if tp > 1 else 0.0, "roofline_model_ms": model_ms,
                 "roofline_ratio": st["median"] / model_ms})
-    if fill_s is not None:  # seconds to build the cache; for a real prefill also its throughput
+    fill_s = lane.seqs.fill_s
+    if fill_s is not None:  # seconds to build the (shared) cache; for a real prefill also its throughput
         rec["fill_s"] = fill_s
         if point["cache_fill"] == "prefill":
             rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None

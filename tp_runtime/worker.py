@@ -1,7 +1,7 @@
 """Worker: one rank's lifecycle, read top to bottom in the constructor, and its `step`.
 
-    join the TP group -> build the stack shard -> draw or load weights -> allocate caches and
-    static buffers -> warm NCCL eagerly -> capture breakable graphs (GPU, graph.mode=breakable)
+    join the TP group -> build the model shard (stack slice, weights, caches, static buffers; shard.py)
+    -> warm NCCL eagerly -> capture breakable graphs (GPU, graph.mode=breakable)
 
 Every launcher runs this same code (`worker_entry`). Under torchrun it is also the entry point
 (one machine, or one command per machine with --nnodes / --node-rank / a c10d rendezvous endpoint):
@@ -21,36 +21,25 @@ import warnings
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tp_runtime.batch import LiveBatch, StepBuffers, StepPlan
+from tp_runtime.batch import StepPlan
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
 from tp_runtime.distributed import TPGroup, group_from_env, shutdown, warm_up_collectives
 from tp_runtime.graphs import StepGraphs
-from tp_runtime.stack import AttentionStack
-from tp_runtime.weights import fill_weights
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+from tp_runtime.shard import ModelShard
 
 
 class Worker:
-    def __init__(self, cfg: RunConfig, tp: TPGroup, oneshot: bool = False):
-        rt, g = cfg.runtime, cfg.graph
-        self.cfg, self.tp, self.device = cfg, tp, tp.device
-        self.dtype = resolve_dtype(rt.dtype, self.device)
-        self.break_scope = g.break_scope
-        self.stack = AttentionStack(cfg.model, tp, rt.max_len, self.dtype, self.device)
-        self.load_report = fill_weights(self.stack, cfg.model.checkpoint, rt.seed)
-        self.caches = self.stack.allocate_caches(rt.max_seqs, rt.max_len)
-        capacity = rt.max_len if oneshot else max(rt.max_tokens_per_step, max(g.capture_sizes))
-        self.buffers = StepBuffers(capacity, cfg.model.hidden_size, self.dtype, self.device,
-                                   trash_slot=rt.max_seqs)
-        self.attn_out = torch.zeros(capacity, self.stack.attn_out_width(), dtype=self.dtype, device=self.device)
-        self.live = LiveBatch()
+    def __init__(self, cfg: RunConfig, tp: TPGroup, oneshot: bool = False, shard: ModelShard | None = None):
+        """Build a shard (or run on `shard`, built for the same model and runtime), then capture graphs."""
+        if shard is None:
+            shard = ModelShard.build(cfg, tp, oneshot)
+        else:
+            shard.check_serves(cfg, tp, oneshot)
+        self.cfg, self.tp, self.device, self.shard = cfg, tp, tp.device, shard
+        self.break_scope = cfg.graph.break_scope
+        self.dtype, self.stack, self.caches = shard.dtype, shard.stack, shard.caches
+        self.buffers, self.attn_out, self.live, self.load_report = (shard.buffers, shard.attn_out, shard.live,
+                                                                    shard.load_report)
         warm_up_collectives(tp)
         self.graphs = self._capture_graphs() if self._graphs_wanted() else None
 
