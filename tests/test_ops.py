@@ -20,11 +20,11 @@ def test_rotary_inverse_and_untouched_head():
     t = RotaryTable(8, 10000.0, None, 64, torch.device("cpu"))
     x = torch.randn(5, 3, 32, dtype=torch.float64)
     pos = torch.tensor([0, 1, 7, 30, 63])
-    y = apply_rotary(x, pos, t)
+    y = apply_rotary(x, t.at(pos))
     assert torch.equal(y[..., :24], x[..., :24])  # only the last Dr dims rotate
     assert torch.allclose(y[0], x[0], atol=1e-7)  # position 0: identity
-    # fp32 tables: rotation then inverse rotation returns x to ~1e-6 (cos/sin stored in fp32)
-    assert torch.allclose(apply_rotary(y, pos, t, inverse=True), x, atol=1e-5)
+    # fp32 tables: rotation then inverse rotation returns x to ~1e-6 (angles stored as complex64)
+    assert torch.allclose(apply_rotary(y, t.at(pos), inverse=True), x, atol=1e-5)
     assert torch.allclose(y[..., 24:].norm(dim=-1), x[..., 24:].norm(dim=-1), rtol=1e-5)
 
 
@@ -32,7 +32,7 @@ def test_rotary_pairs_interleaved():
     # GPT-J form: pair (x[2i], x[2i+1]) turns by pos * f_i.
     t = RotaryTable(4, 100.0, None, 8, torch.device("cpu"))
     x = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
-    y = apply_rotary(x, torch.tensor([3]), t)
+    y = apply_rotary(x, t.at(torch.tensor([3])))
     f0, f1 = 1.0, 100.0 ** -0.5
     expect = [math.cos(3 * f0), math.sin(3 * f0), -math.sin(3 * f1), math.cos(3 * f1)]
     assert torch.allclose(y[0], torch.tensor(expect, dtype=torch.float64), atol=1e-6)

@@ -27,7 +27,7 @@ from tp_runtime.graphs import eager_break_during_capture
 from tp_runtime.indexer import Indexer
 from tp_runtime.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
-from tp_runtime.rope import RotaryTable, apply_rotary
+from tp_runtime.rope import apply_rotary
 
 
 class StageA(NamedTuple):
@@ -52,15 +52,14 @@ class Prepared(NamedTuple):
 
 
 class DSV4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, max_pos: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
         self.n_local_heads = H // tp.size
         self.n_local_groups = G // tp.size
         self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
-        self.rope = RotaryTable.for_layer(cfg, ratio, max_pos, device)
+        self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
         # wq_a and wkv fused into one replicated GEMM: rows [0, Rq) are wq_a, [Rq, Rq + D) wkv.
         self.wqkv_a = ReplicatedLinear(cfg.hidden_size, cfg.q_lora_rank + D, dtype, device)
         self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
@@ -70,9 +69,8 @@ class DSV4Attention(nn.Module):
                                       requires_grad=False)
         self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
         self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
-        self.compressor = (Compressor(ratio, D, cfg.hidden_size, self.eps, self.rope, dtype, device)
-                           if ratio else None)
-        self.indexer = Indexer(cfg, self.rope, dtype, device) if ratio == 4 else None
+        self.compressor = Compressor(ratio, D, cfg.hidden_size, self.eps, dtype, device) if ratio else None
+        self.indexer = Indexer(cfg, dtype, device) if ratio == 4 else None
 
     # ------------------------------------------------------------ forward
 
@@ -104,9 +102,10 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
         graph may capture it. Emits compressed entries and indexer keys into the caches."""
+        cis = b.ix.cis[self.rope_kind]
         q = self.wq_b(a.qr).view(len(a.qr), self.n_local_heads, self.D)
-        q = apply_rotary(rms_norm(q, None, self.eps), b.pos, self.rope)
-        kv = apply_rotary(a.kv, b.pos, self.rope).to(cache.window.dtype)
+        q = apply_rotary(rms_norm(q, None, self.eps), cis)
+        kv = apply_rotary(a.kv, cis).to(cache.window.dtype)
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
         idx_q = self.indexer.prepare(a.qr, a.idx_kv, a.idx_score, b, cache) if self.indexer else None
@@ -122,12 +121,12 @@ class DSV4Attention(nn.Module):
         for s, e in token_chunks(n, (self.W + self._n_compressed(b, picks)) * self.D):
             rows, valid = self._candidates(p.kv, b, cache, picks, s, e)
             o[s:e] = sparse_attention(p.q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
-        out[:n] = apply_rotary(o, b.pos[:n], self.rope, inverse=True).flatten(1)
+        out[:n] = apply_rotary(o, b.ix.cis[self.rope_kind][:n], inverse=True).flatten(1)
         out[n:].zero_()
 
     def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
         """Step 6's ring write, after attention: the gathers read the ring's older rows."""
-        write_ring(cache.window, p.kv, b)
+        write_ring(cache.window, p.kv, b.ix.rings[self.W])
 
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
         """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
@@ -146,17 +145,15 @@ class DSV4Attention(nn.Module):
     def _candidates(self, kv: torch.Tensor, b: StepBatch, cache: LayerCache, picks: torch.Tensor | None,
                     s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [t, W + C, D] and validity [t, W + C] for tokens s..e: window rows, then compressed rows."""
-        tok = torch.arange(s, e, device=kv.device)
-        pos = b.pos[s:e]
-        wpos = pos[:, None] + torch.arange(1 - self.W, 1, device=kv.device)[None]  # [t, W], oldest first
-        rows, valid = gather_rows(kv, cache.window, b, tok, wpos)
+        ring = b.ix.rings[self.W].tokens(s, e)
+        rows, valid = gather_rows(kv, cache.window, ring), ring.valid  # [t, W], oldest first
         if not self.ratio:
             return rows, valid
         if picks is not None:  # CSA: the indexer's top-K
             idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
         else:  # HCA: every completed entry
             idx = torch.arange(self._n_compressed(b, None), device=kv.device)[None].expand(e - s, -1)
-            ok = idx < ((pos + 1) // self.ratio)[:, None]
+            ok = idx < b.ix.blocks[self.ratio].n_done[s:e, None]
         crow = cache.compressed[b.slot[s:e, None], idx]
         return torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tp_runtime.step_index import IndexPlan, StepIndex
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -71,19 +73,22 @@ class StepBatch:
     last_pos: torch.Tensor  # [T] position of the chunk's last token
     n_tokens: int  # real tokens (host); the step runs with len(pos) (a capture size, or n_tokens)
     max_pos: int  # largest position in the step (host); bounds compressed candidate sets
+    ix: StepIndex  # rows, positions and rotary angles derived from the metadata (step_index.py)
 
 
 class StepBuffers:
     """Static device buffers for up to `capacity` tokens; `load` fills them for one plan."""
 
-    def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device, trash_slot: int):
-        self.capacity, self.trash_slot = capacity, trash_slot
+    def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device, trash_slot: int,
+                 plan: IndexPlan):
+        self.capacity, self.trash_slot, self.plan = capacity, trash_slot, plan
         self.x = torch.zeros(capacity, hidden, dtype=dtype, device=device)
         # Metadata rows: slot, pos, start_idx, start_pos, last_pos.
         self.meta = torch.zeros(5, capacity, dtype=torch.long, device=device)
         self._host = torch.zeros(5, capacity, dtype=torch.long, pin_memory=device.type == "cuda")
         # The host rows are copied asynchronously; this event says when they may be rewritten.
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self.index = plan.compute(*self.meta, trash=trash_slot)  # static: recomputed in place each step
 
     def load(self, plan: StepPlan, x: torch.Tensor, n_padded: int) -> StepBatch:
         """Copy one step's inputs x [T, hidden] and metadata in; pad to n_padded tokens."""
@@ -107,6 +112,7 @@ class StepBuffers:
         self.meta[:, :n_padded].copy_(h[:, :n_padded], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
+        self.index.assign(self.plan.compute(*self.meta[:, :n_padded], trash=self.trash_slot))
         self.x[:n].copy_(x)
         self.x[n:n_padded].zero_()
         max_pos = max((c.start + c.length - 1 for c in plan.chunks), default=0)
@@ -116,7 +122,7 @@ class StepBuffers:
         """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""
         m = self.meta
         return StepBatch(self.x[:n_padded], m[0, :n_padded], m[1, :n_padded], m[2, :n_padded],
-                         m[3, :n_padded], m[4, :n_padded], n_tokens, max_pos)
+                         m[3, :n_padded], m[4, :n_padded], n_tokens, max_pos, self.index.rows(n_padded))
 
 
 class LiveBatch:

@@ -16,15 +16,16 @@ from tp_runtime.batch import StepBatch
 from tp_runtime.cache import RingState
 from tp_runtime.layers import ReplicatedLinear, RMSNorm
 from tp_runtime.ops.torch_path import gather_rows, token_chunks, write_ring
-from tp_runtime.rope import RotaryTable, apply_rotary
+from tp_runtime.rope import apply_rotary
+from tp_runtime.step_index import RingIndex, ring_length
 
 
 class Compressor(nn.Module):
-    def __init__(self, ratio: int, head_dim: int, hidden: int, eps: float, rope: RotaryTable,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(self, ratio: int, head_dim: int, hidden: int, eps: float, dtype: torch.dtype,
+                 device: torch.device):
         super().__init__()
         assert ratio in (4, 128), f"compress ratio {ratio} not in (4, 128)"
-        self.ratio, self.head_dim, self.rope = ratio, head_dim, rope
+        self.ratio, self.head_dim = ratio, head_dim
         self.overlap = ratio == 4
         c = 2 if self.overlap else 1
         self.wkv = ReplicatedLinear(hidden, c * head_dim, dtype, device)
@@ -45,28 +46,22 @@ class Compressor(nn.Module):
         do not (and of padding) land in the trash slot. That keeps this free of host decisions,
         hence capturable, at the price of pooling work for the tokens that complete nothing.
         """
-        r, pos = self.ratio, b.pos
-        score = score + self.ape[pos.remainder(r)]
-        trash = out.shape[0] - 1
-        for s, e in token_chunks(len(pos), state.kv.shape[1] * state.kv.shape[2]):
-            tok = torch.arange(s, e, device=pos.device)
-            block = pos[s:e] // r
-            entries = apply_rotary(self.norm(self._pool(kv, score, b, state, tok)), block * r, self.rope)
-            slot = torch.where((pos[s:e] + 1).remainder(r) == 0, b.slot[s:e], trash)
-            out[slot, block] = entries.to(out.dtype)
-        write_ring(state.kv, kv, b)  # after pooling: it read the ring's older rows
-        write_ring(state.score, score, b)
+        blk, ring = b.ix.blocks[self.ratio], b.ix.rings[ring_length(self.ratio)]
+        score = score + self.ape[blk.phase]
+        for s, e in token_chunks(len(score), state.kv.shape[1] * state.kv.shape[2]):
+            pooled = self._pool(kv, score, state, ring.tokens(s, e))
+            entries = apply_rotary(self.norm(pooled), blk.cis[s:e])
+            out[blk.emit_slot[s:e], blk.block[s:e]] = entries.to(out.dtype)
+        write_ring(state.kv, kv, ring)  # after pooling: it read the ring's older rows
+        write_ring(state.score, score, ring)
 
-    def _pool(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, state: RingState,
-              tok: torch.Tensor) -> torch.Tensor:
-        """Softmax-weighted sum per channel over the block ending at each token of tok -> [E, D] fp32."""
-        span = state.kv.shape[1]  # c*r candidate tokens, oldest first
-        qpos = b.pos[tok][:, None] + torch.arange(1 - span, 1, device=kv.device)[None]
-        rows, valid = gather_rows(kv, state.kv, b, tok, qpos)  # [E, c*r, c*D]
-        gates, _ = gather_rows(score, state.score, b, tok, qpos)
+    def _pool(self, kv: torch.Tensor, score: torch.Tensor, state: RingState, ix: RingIndex) -> torch.Tensor:
+        """Softmax-weighted sum per channel over the c*r tokens ending at each token of ix -> [E, D] fp32."""
+        rows = gather_rows(kv, state.kv, ix)  # [E, c*r, c*D], oldest first
+        gates = gather_rows(score, state.score, ix)
         if self.overlap:  # previous block contributes channels [0, D), current block [D, 2D)
             D, r = self.head_dim, self.ratio
             rows = torch.cat((rows[:, :r, :D], rows[:, r:, D:]), dim=1)
             gates = torch.cat((gates[:, :r, :D], gates[:, r:, D:]), dim=1)
-        gates = gates.masked_fill(~valid[..., None], float("-inf"))
+        gates = gates.masked_fill(~ix.valid[..., None], float("-inf"))
         return (gates.softmax(dim=1) * rows).sum(dim=1)

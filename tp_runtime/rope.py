@@ -3,6 +3,7 @@
 Pair i of the rotated slice, (x[2i], x[2i+1]), turns by pos * f_i with f_i = base^(-2i/Dr).
 Window-only layers use rope_theta without YaRN; compressed layers and their indexer use
 compress_rope_theta with YaRN frequency interpolation (spec section 5). No attention-scale correction.
+The angles are kept as unit complex numbers, so a rotation is one complex multiply.
 """
 
 from __future__ import annotations
@@ -38,30 +39,30 @@ def inv_frequencies(dr: int, base: float, scaling: RopeScaling | None) -> torch.
 
 
 class RotaryTable:
-    """cos / sin of pos * f_i for every position a run can reach: [max_pos, Dr/2] fp32 on the device."""
+    """exp(i * pos * f_i) for every position a run can reach: cis [max_pos, Dr/2] complex64 on the device."""
 
     def __init__(self, dr: int, base: float, scaling: RopeScaling | None, max_pos: int, device: torch.device):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_frequencies(dr, base, scaling)[None]
         self.dr = dr
-        self.cos = angles.cos().float().to(device)
-        self.sin = angles.sin().float().to(device)
+        self.cis = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
 
     @classmethod
-    def for_layer(cls, cfg: ModelConfig, ratio: int, max_pos: int, device: torch.device) -> "RotaryTable":
-        if ratio == 0:
+    def for_kind(cls, cfg: ModelConfig, kind: str, max_pos: int, device: torch.device) -> "RotaryTable":
+        """'window' (window-only layers: rope_theta) or 'compressed' (compress_rope_theta with YaRN)."""
+        if kind == "window":
             return cls(cfg.qk_rope_head_dim, cfg.rope_theta, None, max_pos, device)
         return cls(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, max_pos, device)
 
+    def at(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.cis[pos]
 
-def apply_rotary(x: torch.Tensor, pos: torch.Tensor, table: RotaryTable, inverse: bool = False) -> torch.Tensor:
-    """Rotate the last Dr dims of x [T, ..., D] at positions pos [T] (by -angle when inverse)."""
-    dr = table.dr
-    cos, sin = table.cos[pos], table.sin[pos]  # [T, Dr/2]
-    while cos.dim() < x.dim():  # broadcast over head dims
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    if inverse:
-        sin = -sin
-    tail = x[..., -dr:].float().unflatten(-1, (dr // 2, 2))
-    a, b = tail[..., 0], tail[..., 1]
-    rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+def apply_rotary(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last Dr dims of x [T, ..., D] by cis [T, Dr/2] (complex, broadcast over head dims;
+    by the conjugate when inverse). Pair (x[2i], x[2i+1]) is the complex number x[2i] + i x[2i+1]."""
+    dr = 2 * cis.shape[-1]
+    while cis.dim() < x.dim():
+        cis = cis.unsqueeze(1)
+    tail = torch.view_as_complex(x[..., -dr:].float().unflatten(-1, (dr // 2, 2)).contiguous())
+    rotated = torch.view_as_real(tail * (cis.conj() if inverse else cis)).flatten(-2)
     return torch.cat((x[..., :-dr], rotated.to(x.dtype)), dim=-1)

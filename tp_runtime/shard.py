@@ -54,7 +54,8 @@ class ModelShard:
         stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device)
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         capacity = buffer_capacity(cfg, oneshot)
-        buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs)
+        buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs,
+                              plan=stack.index_plan)
         attn_out = torch.zeros(capacity, stack.attn_out_width(), dtype=dtype, device=device)
         return cls(cfg, tp, dtype, stack, load_report, stack.allocate_caches(rt.max_seqs, rt.max_len), buffers,
                    attn_out, LiveBatch())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.batch import StepBatch
+from tp_runtime.step_index import RingIndex
 
 # Elements (not bytes) one chunk of gathered candidates may occupy; bounds peak memory of long prefills.
 CHUNK_ELEMENTS = 1 << 25
@@ -20,28 +21,18 @@ def token_chunks(n_tokens: int, per_token: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, n_tokens)) for s in range(0, n_tokens, step)]
 
 
-def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, b: StepBatch, tok: torch.Tensor,
-                qpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows at absolute positions qpos [E, n] of the sequences of tokens tok [E].
-
-    A position inside this step's chunk of that sequence comes from step_rows [T, C] (the ring may
-    already have been overwritten by the chunk); an earlier one from ring [slots, R, C] at pos % R.
-    Returns rows [E, n, C] and valid [E, n] (position >= 0). The ring must not yet hold this step's rows.
-    """
-    start_pos = b.start_pos[tok][:, None]
-    in_step = qpos >= start_pos
-    step_idx = (b.start_idx[tok][:, None] + (qpos - start_pos)).clamp(0, step_rows.shape[0] - 1)
-    ring_rows = ring[b.slot[tok][:, None], qpos.remainder(ring.shape[1])]
-    rows = torch.where(in_step[..., None], step_rows[step_idx].to(ring.dtype), ring_rows)
-    return rows, qpos >= 0
+def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, ix: RingIndex) -> torch.Tensor:
+    """Rows [E, R, C] of the positions ix describes for E tokens: from step_rows [T, C] where the
+    position lies in this step's chunk, else from ring [slots, R, C] (which must not yet hold this
+    step's rows)."""
+    ring_rows = ring.view(-1, ring.shape[-1])[ix.ring_row]
+    return torch.where(ix.in_step[..., None], step_rows[ix.step_row].to(ring.dtype), ring_rows)
 
 
-def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, b: StepBatch) -> None:
-    """Store each sequence's newest R rows of this step at ring[slot, pos % R]; older rows of the
-    chunk (which would collide with them) and padding go to the trash slot (the ring's last row)."""
-    R = ring.shape[1]
-    slot = torch.where(b.pos > b.last_pos - R, b.slot, ring.shape[0] - 1)
-    ring[slot, b.pos.remainder(R)] = step_rows.to(ring.dtype)
+def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, ix: RingIndex) -> None:
+    """Store step_rows [T, C] where ix.write_row says: each sequence's newest R rows at slot, pos % R;
+    the rest (older rows of a chunk, padding) in the trash slot."""
+    ring.view(-1, ring.shape[-1])[ix.write_row] = step_rows.to(ring.dtype)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, b: StepBatch, n_valid: torch.Tensor,
