@@ -81,6 +81,8 @@ def test_tiny_sweep_local_tp1_tp2(tmp_path, capsys):
         assert c["speedup_min"] <= c["speedup_q1"] <= c["speedup_q3"] <= c["speedup_max"]
         assert c["efficiency"] == pytest.approx(c["speedup"] / 2)
     assert {c["tp"] for c in comps if c["what"] == "prefill_vs_seeded"} == {1, 2}
+    partial = read_jsonl(d / "partial.jsonl")  # appended point by point over both tp launches
+    assert sorted(map(json.dumps, partial)) == sorted(map(json.dumps, points + comps))
     assert json.loads((d / "summary.json").read_text()) == summ and summ["plots"] == "written"
     for name in ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png"):
         assert name in summ["files"]
@@ -222,9 +224,12 @@ def test_scaling_sweep_config_is_the_h200_grid():
     assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow"]
     assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
     cfg = sweep.worker_config(4, sweep.variants()[0], "breakable-hoisted")
-    assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 8)
+    assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 43)
     assert cfg.graph.capture_sizes == [128, 32, 8, 1] and cfg.parallel.launcher == "local"
-    assert cfg.runtime.max_len == 32768 + sweep.headroom()
+    # The four modes' lanes continue the same sequences: headroom for all of their steps and chunks.
+    s = sweep.bench
+    per_mode = s.warmup_steps + s.repeats * s.timed_steps + s.break_steps + (1 + s.prefill_steps) * s.prefill_chunk
+    assert cfg.runtime.max_len == 32768 + sweep.headroom() == 32768 + 4 * per_mode
 
 
 # ------------------------------------------------------------------ cache seeding vs real prefill

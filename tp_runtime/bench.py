@@ -9,7 +9,8 @@
 One launch per tp value runs `bench_loop.bench_entry` on every rank (in this process for tp = 1, the
 elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
 <bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
-follow, and the last stdout line is the JSON summary.
+follow, and the last stdout line is the JSON summary. Rank 0 also appends each point's records to
+partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from tp_runtime.bench_config import SweepConfig, load_sweep
-from tp_runtime.bench_loop import bench_entry
+from tp_runtime.bench_loop import bench_entry, partial_log
 from tp_runtime.bench_report import print_tables, split_records, summary, write_jsonl
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.launcher import LaunchError, run_on_ranks
@@ -99,6 +100,7 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
         return 2
     t0 = time.perf_counter()
     records: list[dict] = []
+    partial_log(sweep.bench.output, sweep.name).unlink(missing_ok=True)
     try:
         for cfg, bench_dict in launch_plan(sweep):
             records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []

@@ -16,10 +16,12 @@ next positions. Per point:
 from __future__ import annotations
 
 import gc
+import json
 import platform
 import statistics
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -67,7 +69,15 @@ class BenchEnv:
     launcher: str
     name: str
     bar: tqdm | None = None
+    log: Path | None = None  # rank 0 appends every point's records here as soon as they exist
     allreduce_cache: dict = field(default_factory=dict)
+
+    def keep(self, records: list[dict]) -> list[dict]:
+        """Append records to the log (a sweep stopped part-way keeps its finished points); returns them."""
+        if self.log is not None and records:
+            with self.log.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        return records
 
     def on(self, lane: Lane, fn: Callable[[], None]) -> None:
         """Run fn for a lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
@@ -97,6 +107,9 @@ def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
         env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), _machine(tp, bench_dict), p.launcher,
                        bench_dict["name"])
         prog = bench_dict.get("progress", {})
+        if tp.rank == 0:
+            env.log = partial_log(env.s.output, env.name)
+            env.log.parent.mkdir(parents=True, exist_ok=True)
         env.bar = tqdm(total=prog.get("total"), initial=prog.get("offset", 0), unit="point", file=sys.stderr,
                        desc=f"bench {env.name} tp={tp.size}", disable=tp.rank != 0, dynamic_ncols=True)
         records: list[dict] = []
@@ -107,6 +120,11 @@ def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
         if env is not None and env.bar is not None:
             env.bar.close()
         shutdown(tp)
+
+
+def partial_log(output: str, name: str) -> Path:
+    """Where a sweep's records are appended point by point (points.jsonl is written at the end)."""
+    return Path(output) / name / "partial.jsonl"
 
 
 def _machine(tp: TPGroup, bench_dict: dict) -> dict:
@@ -168,13 +186,13 @@ def _run_group(env: BenchEnv, group: dict) -> list[dict]:
         records: list[dict] = []
         for context in group["contexts"]:
             for batch in group["batches"]:
-                records += _run_point(env, group, lanes, batch, context, "seeded")
+                records += env.keep(_run_point(env, group, lanes, batch, context, "seeded"))
                 if env.bar is not None:
                     env.bar.update()
         if env.s.prefill_check:  # the same first point, its cache built by the real prefill
             main = [lane for lane in lanes if not lane.baseline]
             prefilled = _run_point(env, group, main, min(group["batches"]), min(group["contexts"]), "prefill")
-            records += prefilled + _fill_agreement(records, prefilled)
+            records += env.keep(prefilled + _fill_agreement(records, prefilled))
         return records
     finally:
         _release(lanes)
