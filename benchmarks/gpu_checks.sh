@@ -2,6 +2,7 @@
 # GPU correctness pass: the gpu-marked tests and `tp-runtime check` on tiny and Flash dimensions,
 # eager and with breakable graphs (both scopes), tp = 1 and tp = 2 when two GPUs exist.
 # Usage (from the repository root, on a machine with GPUs):  benchmarks/gpu_checks.sh [OUT_DIR]
+# PYTEST_ARGS="tests/test_graphs_gpu.py ..." runs a subset of the GPU tests; SKIP_PYTEST=1 none.
 # Logs and the JSON lines land in OUT_DIR (default: $OUT or out/gpu_checks).
 set -uo pipefail
 out=${1:-${OUT:-out/gpu_checks}}
@@ -28,7 +29,8 @@ check() {  # check NAME ARGS...: one `tp-runtime check`, its summary to the log,
 }
 
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
-  timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider -rA tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -40
+  # shellcheck disable=SC2086  # PYTEST_ARGS: test files to run (default: all of tests/)
+  timeout 1200 python3 -m pytest -m gpu -q -p no:cacheprovider -rA ${PYTEST_ARGS:-tests/} 2>&1 | tee "$out/pytest_gpu.log" | tail -40
 fi
 [ "${ONLY_PYTEST:-0}" = 1 ] && exit 0
 
