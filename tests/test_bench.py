@@ -80,7 +80,9 @@ def test_tiny_sweep_local_tp1_tp2(tmp_path, capsys):
         assert c["speedup"] == pytest.approx(c["baseline_ms_median"] / c["variant_ms_median"])
         assert c["speedup_min"] <= c["speedup_q1"] <= c["speedup_q3"] <= c["speedup_max"]
         assert c["efficiency"] == pytest.approx(c["speedup"] / 2)
-    assert {c["tp"] for c in comps if c["what"] == "prefill_vs_seeded"} == {1, 2}
+    fill_cmp = [c for c in comps if c["what"] == "prefill_vs_seeded"]  # interleaved on two sets of slots
+    assert {c["tp"] for c in fill_cmp} == {1, 2} and all(c["interleaved"] and c["repeats"] == 2 for c in fill_cmp)
+    assert all(p["first_slot"] == (1 if p["cache_fill"] == "prefill" else 0) for p in points)
     partial = read_jsonl(d / "partial.jsonl")  # appended point by point over both tp launches
     assert sorted(map(json.dumps, partial)) == sorted(map(json.dumps, points + comps))
     assert json.loads((d / "summary.json").read_text()) == summ and summ["plots"] == "written"
@@ -241,26 +243,28 @@ def _tiny_worker() -> Worker:
     return Worker(cfg, single_process(torch.device("cpu")))
 
 
-@pytest.mark.parametrize("context", [11, 37, 300])  # inside the window, past W, past a 128-block
-def test_seeded_fill_writes_exactly_the_rows_a_prefill_writes(context):
+@pytest.mark.parametrize("context,first", [(11, 0), (37, 1), (300, 0)])  # inside W, past W, past a 128-block
+def test_seeded_fill_writes_exactly_the_rows_a_prefill_writes(context, first):
     prefilled, seeded = _tiny_worker(), _tiny_worker()
     for w in (prefilled, seeded):  # stale rows from an earlier, longer sequence must be cleared
         fill_seeded(w.caches, w.stack.ratios, 3, 380, seed=7)
-    fill_by_prefill(prefilled, 2, context, 48, seed=0)
-    fill_seeded(seeded.caches, seeded.stack.ratios, 2, context, seed=1)
-    n_checked = 0
+    fill_by_prefill(prefilled, 2, context, 48, seed=0, first_slot=first)
+    fill_seeded(seeded.caches, seeded.stack.ratios, 2, context, seed=1, first_slot=first)
+    n_checked, filled = 0, slice(first, first + 2)
     for ca, cb in zip(prefilled.caches, seeded.caches):
         for ta, tb in zip(ca.tensors(), cb.tensors()):
-            assert torch.equal(ta[:2] != 0, tb[:2] != 0), f"occupancy differs for a {tuple(ta.shape)} cache"
+            assert torch.equal(ta[filled] != 0, tb[filled] != 0), f"occupancy differs for a {tuple(ta.shape)} cache"
+            if first:  # the slot before the filled ones keeps its stale rows
+                assert torch.equal(ta[0] != 0, tb[0] != 0) and bool((ta[0] != 0).any())
             n_checked += 1
     assert n_checked == 2 * 1 + 2 * 7 + 2 * 4  # 2 window-only, 2 CSA (7 tensors), 2 HCA (4 tensors)
     r4 = seeded.caches[1]  # a CSA layer: compressed rows 0..c//4-1 exactly
-    assert int((r4.compressed[0] != 0).any(-1).sum()) == context // 4
+    assert int((r4.compressed[first] != 0).any(-1).sum()) == context // 4
     # Decode after the seeded fill: finite outputs and the scale of a normal step's output.
     from tp_runtime.bench_loop import _decode_plan
     from tp_runtime.workload import Workload
 
-    plan = _decode_plan(2, context)
+    plan = _decode_plan(2, context, first)
     out, _ = seeded.step(plan, Workload([], 64, 0).step_inputs(plan, seeded.device, seeded.dtype))
     ref, _ = prefilled.step(plan, Workload([], 64, 0).step_inputs(plan, prefilled.device, prefilled.dtype))
     assert torch.isfinite(out).all()
@@ -295,10 +299,11 @@ def test_break_timer_sums_eager_calls_per_step():
         bt.next_step()
         for nap in naps:
             bt(lambda nap=nap: time.sleep(nap))
-    per = bt.per_step_ms()
+    per, host = bt.per_step_ms(), bt.per_step_ms(host=True)
     # sleep overshoots by scheduler latency only (<10 ms on a loaded 2-core machine), never undershoots.
-    assert len(per) == 2 and bt.calls == 3
+    assert len(per) == 2 and len(host) == 2 and bt.calls == 3
     assert 30 <= per[0] < 40 and 30 <= per[1] < 40
+    assert 30 <= host[0] < 40 and 30 <= host[1] < 40  # on CPU both clocks are the host's
 
 
 def _fake_points() -> tuple[list[dict], list[dict]]:
@@ -353,6 +358,7 @@ def test_gpu_tiny_sweep_all_modes(tmp_path, capsys):
         if p["mode"] != "eager":
             assert p["graph_captured"] and p["replayed_fraction"] == 1.0
             assert p["eager_breaks_per_step"] == p["layers"] and 0 < p["break_fraction"] <= 1.0
+            assert 0 < p["break_host_fraction"] <= 1.0
         if p["tp"] == 2:
             assert p["allreduce_ms_graph"] > 0
     whats = {c["what"] for c in comps}

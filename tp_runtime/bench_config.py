@@ -51,7 +51,7 @@ class BenchSettings:
     allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
     copy_mib: int = 256  # size of each buffer of the copy-bandwidth measurement
     compare_tp1: bool = True  # tp > 1: rank 0 also holds tp = 1 Workers, interleaved, for speedups
-    prefill_check: bool = True  # per configuration: also build the first point's cache by real prefill
+    prefill_check: bool = True  # per configuration: the first point again, interleaved with a real-prefill cache
     plots: bool = True
     output: str = "out/bench"  # results go to <output>/<name>/
     seed: int = 0  # seed of decode inputs and of seeded cache rows
@@ -103,7 +103,7 @@ class SweepConfig:
         graph_mode, scope = MODES[mode]
         data.setdefault("parallel", {})["tp"] = tp
         data.setdefault("runtime", {}).update(
-            max_seqs=max(batches), max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
+            max_seqs=max(batches + ([2 * min(batches)] if self.bench.prefill_check else [])), max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
             max_tokens_per_step=max(max(batches), self.bench.prefill_chunk))
         data["graph"] = {**data.get("graph", {}), "mode": graph_mode, "break_scope": scope,
                          "capture_sizes": sorted(set(batches), reverse=True)}

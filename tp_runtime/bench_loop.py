@@ -8,9 +8,13 @@ baselines; the other ranks wait at a barrier while they run). The Workers of one
 shard (weights and caches): the lanes continue the same sequences, each lane's steps appending the
 next positions. Per point:
 
-    fill caches once per shard (seeded rows, or real prefill for one point per group) -> warm-up steps ->
+    fill caches once per shard (seeded rows) -> warm-up steps ->
     `repeats` x (each lane `timed_steps` decode steps, lanes interleaved A B A B ...) ->
     steps timed with per-break events -> prefill chunks -> all-reduce of [batch, hidden] -> records
+
+The prefill check (one point per group: the smallest batch and context) runs each mode twice,
+interleaved, on two sets of slots of the same shard: one filled with seeded rows, one by the real
+chunked prefill; `prefill_vs_seeded` compares them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import platform
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -42,8 +47,11 @@ from tp_runtime.workload import Workload
 
 @dataclass
 class Seqs:
-    """The sequences in slots 0..batch-1 of one shard, shared by the lanes that run on it."""
+    """The sequences in slots first_slot .. first_slot + batch - 1 of one shard, shared by the lanes
+    that run on it."""
 
+    first_slot: int = 0
+    fill: str = "seeded"  # how a point builds their caches: "seeded" rows or a real "prefill"
     pos: int = 0  # position of every slot's next decode token
     fill_s: float | None = None  # seconds the point's cache fill took
 
@@ -186,13 +194,11 @@ def _run_group(env: BenchEnv, group: dict) -> list[dict]:
         records: list[dict] = []
         for context in group["contexts"]:
             for batch in group["batches"]:
-                records += env.keep(_run_point(env, group, lanes, batch, context, "seeded"))
+                records += env.keep(_run_point(env, group, lanes, batch, context))
                 if env.bar is not None:
                     env.bar.update()
-        if env.s.prefill_check:  # the same first point, its cache built by the real prefill
-            main = [lane for lane in lanes if not lane.baseline]
-            prefilled = _run_point(env, group, main, min(group["batches"]), min(group["contexts"]), "prefill")
-            records += env.keep(prefilled + _fill_agreement(records, prefilled))
+        if env.s.prefill_check:
+            records += env.keep(_prefill_check(env, group, [lane for lane in lanes if not lane.baseline]))
         return records
     finally:
         _release(lanes)
@@ -201,11 +207,45 @@ def _run_group(env: BenchEnv, group: dict) -> list[dict]:
 # ------------------------------------------------------------------ one point
 
 
-def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, context: int,
-               fill: str) -> list[dict]:
+def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, context: int) -> list[dict]:
+    """Every lane at (batch, context): point records of the main lanes and the comparisons."""
+    m = _measure(env, lanes, batch, context)
+    if env.tp.rank != 0:
+        return []
+    point = {"batch": batch, "context": context, "variant": group["label"]}
+    return _records(env, m, point) + _comparisons(env, lanes, m.steps, point, _PAIRS + _tp_pairs(lanes))
+
+
+def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
+    """The smallest batch and context once more: each mode on seeded slots 0..b-1 and on slots b..2b-1
+    built by the real prefill, interleaved; records of the prefilled lanes and prefill_vs_seeded."""
+    batch, context = min(group["batches"]), min(group["contexts"])
+    prefilled = Seqs(first_slot=batch, fill="prefill")
+    lanes = main + [Lane(f"prefill:{lane.mode}", lane.mode, lane.worker, prefilled) for lane in main]
+    m = _measure(env, lanes, batch, context)
+    if env.tp.rank != 0:
+        return []
+    point = {"batch": batch, "context": context, "variant": group["label"]}
+    pairs = [("prefill_vs_seeded", f"prefill:{lane.mode}", lane.name) for lane in main]
+    return _records(env, m, point, names=[f"prefill:{lane.mode}" for lane in main]) + \
+        _comparisons(env, lanes, m.steps, point, pairs)
+
+
+@dataclass
+class Measured:
+    lanes: list[Lane]  # the main lanes (not baselines)
+    steps: dict[str, list[list[float]]]  # lane name -> per repeat, per step ms
+    breaks: dict[str, dict | None]
+    prefill: dict[str, list[float]]
+    allreduce: dict
+    per_rank: list[dict[str, float]]  # rank -> lane name -> median step ms (rank 0 only)
+
+
+def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int) -> Measured:
+    """Fill every lane set's slots, warm up, time interleaved repeats, breaks, prefill and all-reduce."""
     s = env.s
-    for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each shard
-        env.on(lane, lambda: _fill(lane, batch, context, fill, s))
+    for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each Seqs
+        env.on(lane, lambda: _fill(lane, batch, context, s))
     steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
     for lane in lanes:
         env.on(lane, lambda: _decode(lane, batch, s.warmup_steps, s.seed))
@@ -219,45 +259,48 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
     hidden, dtype = main[0].worker.cfg.model.hidden_size, main[0].worker.dtype
     ar = env.allreduce(batch, hidden, dtype)
     per_rank = env.tp.gather_to_driver({n: statistics.median(flat(steps[n])) for n in breaks})
-    if env.tp.rank != 0:
-        return []
-    point = {"batch": batch, "context": context, "cache_fill": fill, "variant": group["label"]}
-    records = [_record(env, lane, point, steps[lane.name], breaks[lane.name], prefill[lane.name], ar,
-                       [r[lane.name] for r in per_rank]) for lane in main]
-    return records + _comparisons(env, lanes, steps, point)
+    return Measured(main, steps, breaks, prefill, ar, per_rank)
 
 
-def _fill(lane: Lane, batch: int, context: int, how: str, s: BenchSettings) -> None:
-    """Build slots 0..batch-1 of the lane's shard at `context` tokens; records the seconds it took."""
-    w = lane.worker
+def _records(env: BenchEnv, m: Measured, point: dict, names: list[str] | None = None) -> list[dict]:
+    return [_record(env, lane, point, m.steps[lane.name], m.breaks[lane.name], m.prefill[lane.name], m.allreduce,
+                    [r[lane.name] for r in m.per_rank]) for lane in m.lanes if names is None or lane.name in names]
+
+
+def _fill(lane: Lane, batch: int, context: int, s: BenchSettings) -> None:
+    """Build the lane's slots at `context` tokens (seeded rows or real prefill); records the seconds."""
+    w, first = lane.worker, lane.seqs.first_slot
     timer = StepTimer(w.device)
     t0 = timer.now()
-    if how == "seeded":
-        fill_seeded(w.caches, w.stack.ratios, batch, context, s.seed)
+    if lane.seqs.fill == "seeded":
+        fill_seeded(w.caches, w.stack.ratios, batch, context, s.seed, first_slot=first)
     else:
-        fill_by_prefill(w, batch, context, s.prefill_chunk, s.seed)
+        fill_by_prefill(w, batch, context, s.prefill_chunk, s.seed, first_slot=first)
     timer.stop(t0)
     lane.seqs.pos, lane.seqs.fill_s = context, timer.durations_ms()[0] / 1e3
 
 
-def _decode_plan(batch: int, pos: int) -> StepPlan:
-    return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in range(batch)))
+def _decode_plan(batch: int, pos: int, first_slot: int = 0) -> StepPlan:
+    slots = range(first_slot, first_slot + batch)
+    return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in slots))
 
 
 def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None) -> list[float]:
     """n decode steps of slots 0..batch-1 at the lane's next positions; per-step ms (inputs made beforehand)."""
     w = lane.worker
     inputs = Workload([], w.cfg.model.hidden_size, seed)
-    plans = [_decode_plan(batch, lane.seqs.pos + i) for i in range(n)]
+    plans = [_decode_plan(batch, lane.seqs.pos + i, lane.seqs.first_slot) for i in range(n)]
     xs = [inputs.step_inputs(p, w.device, w.dtype) for p in plans]
     timer = StepTimer(w.device)
     outs = []
     for plan, x in zip(plans, xs):
         if on_break is not None:
             on_break.next_step()
-        t0 = timer.now()
+        t0, h0 = timer.now(), time.perf_counter()
         out, replayed = w.step(plan, x, on_break)
         timer.stop(t0)
+        if on_break is not None:
+            on_break.step_done((time.perf_counter() - h0) * 1e3)
         lane.replayed += int(replayed is not None)
         outs.append(out.isfinite().all())  # static output buffer: check before the next step
     lane.seqs.pos += n
@@ -267,7 +310,8 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
 
 
 def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
-    """Median eager-break time per step (on_break events) and the step time of the same steps."""
+    """Median eager-break time per step (device timeline and host clock) and the step time of the same
+    steps (device timeline and host clock)."""
     if lane.worker.graphs is None or s.break_steps == 0:
         return None
     bt = BreakTimer(lane.worker.device)
@@ -275,18 +319,20 @@ def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
     step_ms = _decode(lane, batch, s.break_steps, s.seed, bt)
     lane.replayed = replayed0  # these steps are not among the timed ones
     return {"break_ms": statistics.median(bt.per_step_ms()), "step_ms": statistics.median(step_ms),
-            "calls_per_step": bt.calls / max(1, s.break_steps)}
+            "break_host_ms": statistics.median(bt.per_step_ms(host=True)),
+            "step_host_ms": statistics.median(bt.step_host_ms), "calls_per_step": bt.calls / max(1, s.break_steps)}
 
 
 def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
-    """Chunks of prefill_chunk tokens appended to slot 0 (one untimed first); ms per chunk."""
+    """Chunks of prefill_chunk tokens appended to the lane's first slot (one untimed first); ms per chunk."""
     if s.prefill_steps == 0:
         return []
     w, n = lane.worker, s.prefill_chunk
     inputs = Workload([], w.cfg.model.hidden_size, s.seed)
     timer = StepTimer(w.device)
     for i in range(1 + s.prefill_steps):
-        plan = StepPlan((SeqChunk(0, 0, lane.seqs.pos, n, False),))
+        slot = lane.seqs.first_slot
+        plan = StepPlan((SeqChunk(slot, slot, lane.seqs.pos, n, False),))
         x = inputs.step_inputs(plan, w.device, w.dtype)
         t0 = timer.now()
         w.step(plan, x)
@@ -309,7 +355,8 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     n_layers = len(w.stack.ratios)
     model_ms = model_seconds(nbytes.total, m["copy_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
     n_timed = s.repeats * s.timed_steps
-    rec = {"kind": "point", "name": env.name, **point, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
+    rec = {"kind": "point", "name": env.name, **point, "cache_fill": lane.seqs.fill,
+           "first_slot": lane.seqs.first_slot, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
            "graph_mode": cfg.graph.mode, "break_scope": cfg.graph.break_scope,
            "graph_captured": w.graphs is not None, "replayed_fraction": lane.replayed / n_timed,
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
@@ -332,54 +379,45 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     fill_s = lane.seqs.fill_s
     if fill_s is not None:  # seconds to build the (shared) cache; for a real prefill also its throughput
         rec["fill_s"] = fill_s
-        if point["cache_fill"] == "prefill":
+        if lane.seqs.fill == "prefill":
             rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None
     return rec
 
 
 def _break_fields(brk: dict | None, step_median: float) -> dict:
     if brk is None:  # no captured graph: the whole step runs eagerly
-        return {"break_ms_median": step_median, "break_fraction": 1.0, "eager_breaks_per_step": None,
-                "break_source": "whole step (eager, no captured graph)"}
+        return {"break_ms_median": step_median, "break_fraction": 1.0, "break_host_fraction": 1.0,
+                "eager_breaks_per_step": None, "break_source": "whole step (eager, no captured graph)"}
     return {"break_ms_median": brk["break_ms"], "break_fraction": brk["break_ms"] / brk["step_ms"],
-            "break_step_ms_median": brk["step_ms"], "eager_breaks_per_step": brk["calls_per_step"],
-            "break_source": "on_break events around each eager call (separate steps)"}
+            "break_step_ms_median": brk["step_ms"], "break_host_ms_median": brk["break_host_ms"],
+            "break_step_host_ms_median": brk["step_host_ms"],
+            "break_host_fraction": brk["break_host_ms"] / brk["step_host_ms"],
+            "eager_breaks_per_step": brk["calls_per_step"],
+            "break_source": "on_break: CUDA events and host clock around each eager call (separate steps)"}
 
 
-def _fill_agreement(records: list[dict], prefilled: list[dict]) -> list[dict]:
-    """prefill / seeded step time of the same point and mode (not interleaved: one cache per Worker)."""
-    out = []
-    for p in (r for r in prefilled if r["kind"] == "point"):
-        same = [r for r in records if r["kind"] == "point" and r["cache_fill"] == "seeded" and
-                all(r[k] == p[k] for k in ("batch", "context", "mode", "variant"))]
-        if not same:
-            continue
-        s = same[0]
-        per = [a / b for a, b in zip(p["step_ms_repeats"], s["step_ms_repeats"])]
-        out.append({"kind": "comparison", "what": "prefill_vs_seeded", "name": p["name"], "batch": p["batch"],
-                    "context": p["context"], "variant": p["variant"], "tp": p["tp"], "variant_mode": p["mode"],
-                    "baseline": "seeded", "device": p["device"], "interleaved": False,
-                    "time_ratio": p["step_ms_median"] / s["step_ms_median"],
-                    "time_ratio_min": min(per), "time_ratio_max": max(per),
-                    "prefill_ms_median": p["step_ms_median"], "seeded_ms_median": s["step_ms_median"]})
-    return out
+_PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted", "breakable-narrow")] + [
+    ("hoisted_vs_wide", "breakable-hoisted", "breakable-wide"),
+    ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted")]
 
 
-def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict) -> list[dict]:
-    """Speedups (baseline time / variant time, > 1: the variant is faster) of interleaved lanes."""
+def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:
+    return [("tp_vs_tp1", lane.mode, lane.name) for lane in lanes if lane.baseline]
+
+
+def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict,
+                 pairs: list[tuple[str, str, str]]) -> list[dict]:
+    """Speedups (baseline time / variant time, > 1: the variant is faster) of interleaved lanes, for each
+    (what, variant lane, baseline lane) of pairs whose lanes both ran."""
     names = {lane.name for lane in lanes}
-    pairs = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted", "breakable-narrow")]
-    pairs += [("hoisted_vs_wide", "breakable-hoisted", "breakable-wide"),
-              ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted")]
-    pairs += [("tp_vs_tp1", lane.mode, lane.name) for lane in lanes if lane.baseline]
     out = []
     for what, variant, base in pairs:
         if variant not in names or base not in names:
             continue
         stats = ratio_stats(steps[base], steps[variant])
         rec = {"kind": "comparison", "what": what, "name": env.name, **point, "tp": env.tp.size,
-               "variant_mode": variant, "baseline": base, "device": env.machine["device"],
-               "interleaved": True,
+               "variant_mode": variant.removeprefix("prefill:"), "variant_lane": variant, "baseline": base,
+               "device": env.machine["device"], "interleaved": True,
                "variant_ms_median": statistics.median(flat(steps[variant])),
                "baseline_ms_median": statistics.median(flat(steps[base])),
                **{k.replace("ratio", "speedup"): v for k, v in stats.items()}}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import time
 from typing import Callable
 
 import numpy as np
@@ -20,13 +21,19 @@ from tp_runtime.timing import StepTimer
 
 
 class BreakTimer:
-    """The `on_break` hook of Worker.step: times each eager call of a replayed step.
+    """The `on_break` hook of Worker.step: times each eager call of a replayed step, on the device
+    timeline (CUDA events; on CPU the host clock) and on the host clock.
 
-    Call `next_step()` before each step; `per_step_ms()` gives the summed eager time of each step.
+    Call `next_step()` before each step and `step_done(host_ms)` after it; `per_step_ms()` gives the
+    summed eager time of each step, `per_step_ms(host=True)` the host time spent inside eager calls.
+    The two differ when the GPU waits (an all-reduce held by a slower rank) while the host already
+    issues the next break: then the device time of a break undercounts what the host spends in it.
     """
 
     def __init__(self, device: torch.device):
         self.timer = StepTimer(device)
+        self.host_ms: list[float] = []
+        self.step_host_ms: list[float] = []
         self.step_of: list[int] = []
         self.steps = -1
         self.calls = 0
@@ -34,16 +41,20 @@ class BreakTimer:
     def next_step(self) -> None:
         self.steps += 1
 
+    def step_done(self, host_ms: float) -> None:
+        self.step_host_ms.append(host_ms)
+
     def __call__(self, call: Callable[[], None]) -> None:
-        t0 = self.timer.now()
+        t0, h0 = self.timer.now(), time.perf_counter()
         call()
+        self.host_ms.append((time.perf_counter() - h0) * 1e3)
         self.timer.stop(t0)
         self.step_of.append(self.steps)
         self.calls += 1
 
-    def per_step_ms(self) -> list[float]:
+    def per_step_ms(self, host: bool = False) -> list[float]:
         totals = [0.0] * (self.steps + 1)
-        for step, d in zip(self.step_of, self.timer.durations_ms()):
+        for step, d in zip(self.step_of, self.host_ms if host else self.timer.durations_ms()):
             totals[step] += d
         return totals
 

@@ -57,16 +57,17 @@ def _fmt(x: float | None, width: int, prec: int) -> str:
 
 
 def points_table(points: list[dict]) -> str:
-    head = (f"{'variant':<18} {'tp':>2} {'mode':<17} {'batch':>5} {'ctx':>6} {'fill':<7} {'step ms':>9} "
-            f"{'p90':>9} {'tok/s':>9} {'break':>6} {'pf tok/s':>9} {'AR us':>7} {'model ms':>9} {'ratio':>6}")
+    vw = max([7] + [len(p["variant"]) for p in points])  # the variant column fits the longest label
+    head = (f"{'variant':<{vw}} {'tp':>2} {'mode':<17} {'batch':>5} {'ctx':>6} {'fill':<7} {'step ms':>9} "
+            f"{'p90':>9} {'tok/s':>9} {'break':>6} {'host':>5} {'pf tok/s':>9} {'AR us':>7} {'model ms':>9} {'ratio':>6}")
     rows = [head, "-" * len(head)]
     key = lambda p: (p["variant"], p["tp"], p["context"], p["batch"], p["cache_fill"] != "seeded", p["mode"])  # noqa
     for p in sorted(points, key=key):
         ar = p["allreduce_ms_graph"] if p["allreduce_ms_graph"] is not None else p["allreduce_ms_eager"]
         rows.append(
-            f"{p['variant'][:18]:<18} {p['tp']:>2} {p['mode']:<17} {p['batch']:>5} {p['context']:>6} "
+            f"{p['variant']:<{vw}} {p['tp']:>2} {p['mode']:<17} {p['batch']:>5} {p['context']:>6} "
             f"{p['cache_fill']:<7} {p['step_ms_median']:>9.3f} {p['step_ms_p90']:>9.3f} "
-            f"{p['decode_tokens_per_s']:>9.1f} {p['break_fraction']:>6.0%} "
+            f"{p['decode_tokens_per_s']:>9.1f} {p['break_fraction']:>6.0%} {p['break_host_fraction']:>5.0%} "
             f"{_fmt(p['prefill_tokens_per_s'], 9, 1)} {ar * 1e3:>7.1f} {p['roofline_model_ms']:>9.4f} "
             f"{p['roofline_ratio']:>6.1f}")
     return "\n".join(rows)
@@ -77,13 +78,10 @@ def comparisons_table(comparisons: list[dict]) -> str:
             f"{'ratio':>7}  spread (q1..q3, min..max over repeats)")
     rows = [head, "-" * len(head)]
     for c in comparisons:
-        if "speedup" in c:
-            val, spread = c["speedup"], (f"{c['speedup_q1']:.3f}..{c['speedup_q3']:.3f}, "
-                                         f"{c['speedup_min']:.3f}..{c['speedup_max']:.3f}")
-            if "efficiency" in c:
-                spread += f"; efficiency {c['efficiency']:.2f}"
-        else:
-            val, spread = c["time_ratio"], f"{c['time_ratio_min']:.3f}..{c['time_ratio_max']:.3f} (not interleaved)"
+        val, spread = c["speedup"], (f"{c['speedup_q1']:.3f}..{c['speedup_q3']:.3f}, "
+                                     f"{c['speedup_min']:.3f}..{c['speedup_max']:.3f}")
+        if "efficiency" in c:
+            spread += f"; efficiency {c['efficiency']:.2f}"
         rows.append(f"{c['what']:<18} {c['variant_mode']:<17} {c['baseline']:<22} {c['tp']:>2} {c['batch']:>5} "
                     f"{c['context']:>6} {val:>7.3f}  {spread}")
     return "\n".join(rows)
@@ -92,8 +90,9 @@ def comparisons_table(comparisons: list[dict]) -> str:
 def print_tables(points: list[dict], comparisons: list[dict]) -> None:
     timer = points[0]["timer"] if points else "-"
     print(f"decode step per rank (timer: {timer}; ratio = measured / roofline model; "
-          "break = share of the step spent in eager breaks)")
+          "break / host = share of the step spent in eager breaks, device timeline / host clock)")
     print(points_table(points))
     if comparisons:
-        print("\nspeedups: baseline time / variant time (> 1: variant faster); prefill_vs_seeded: time ratio")
+        print("\nspeedups: baseline time / variant time (> 1: variant faster; prefill_vs_seeded: ~1 when "
+              "a cache built by real prefill decodes as fast as a seeded one)")
         print(comparisons_table(comparisons))

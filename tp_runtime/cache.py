@@ -49,10 +49,10 @@ class LayerCache:
                 out += [st.kv, st.score]
         return [t for t in out if t is not None]
 
-    def clear(self, n_slots: int) -> None:
-        """Zero slots 0..n_slots-1 of every tensor."""
+    def clear(self, slots: slice) -> None:
+        """Zero these slots of every tensor."""
         for t in self.tensors():
-            t[:n_slots].zero_()
+            t[slots].zero_()
 
 
 def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int, dtype: torch.dtype,
