@@ -19,7 +19,7 @@ import torch
 from tp_runtime.bench_config import load_sweep
 from tp_runtime.bench_measure import BreakTimer, ratio_stats
 from tp_runtime.bench_plots import write_plots
-from tp_runtime.bench_report import read_jsonl
+from tp_runtime.bench_report import read_jsonl, write_jsonl
 from tp_runtime.cache_fill import fill_by_prefill, fill_seeded, prefill_plans
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
@@ -326,6 +326,20 @@ def test_plots_are_valid_pngs(tmp_path):
     assert names == ["step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png"]
     for n in names:
         _assert_png(tmp_path / n)
+
+
+def test_replot_redraws_a_sweep_folder_from_its_json(tmp_path):
+    points, comps = _fake_points()
+    write_jsonl(tmp_path / "points.jsonl", points)
+    write_jsonl(tmp_path / "comparisons.jsonl", comps)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replot.py"), str(tmp_path)], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name in ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png"):
+        _assert_png(tmp_path / name)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replot.py"), str(tmp_path / "none")], cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "points.jsonl is missing" in r.stderr
 
 
 def test_allreduce_benchmark_on_gloo(tmp_path):

@@ -1,7 +1,8 @@
 """Benchmark plots (matplotlib, Agg backend), written beside the JSON:
 
     step_time_vs_batch.png       decode step median vs batch, one line per (mode, tp), a panel per context
-    speedup_vs_tp.png            tp = N vs tp = 1 speedup (interleaved), a panel per context, ideal line
+    speedup_vs_tp.png            tp = N vs tp = 1 speedup (interleaved) with its spread, a panel per mode,
+                                 the ideal line and the roofline model's speedup
     roofline_ratio_vs_context.png  measured / roofline model vs context, a panel per mode
 
 Only seeded-cache points are drawn (the prefill-built point repeats one of them).
@@ -19,9 +20,15 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 
 def _panels(n: int, title: str):
-    fig, axes = plt.subplots(1, max(n, 1), figsize=(5.5 * max(n, 1), 4.2), squeeze=False)
+    """n panels, two per row."""
+    n = max(n, 1)
+    cols, rows = min(n, 2), -(-n // 2)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.4 * rows), squeeze=False)
     fig.suptitle(title)
-    return fig, axes[0]
+    axes = list(axes.flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
 
 
 def _log_x(ax, values: list) -> None:
@@ -75,20 +82,39 @@ def step_time_vs_batch(points: list[dict], out_dir: Path) -> str:
                       "step ms (median)", out_dir / "step_time_vs_batch.png")
 
 
-def speedup_vs_tp(comparisons: list[dict], out_dir: Path) -> str:
+def _model_speedup(points: list[dict], mode: str, batch: int, context: int, variant: str) -> dict[int, float]:
+    """tp -> roofline model time at tp = 1 over model time at tp: what tp can buy if the step met its model."""
+    model = {p["tp"]: p["roofline_model_ms"] for p in points if p["cache_fill"] == "seeded" and p["mode"] == mode
+             and (p["batch"], p["context"], p["variant"]) == (batch, context, variant) and "roofline_model_ms" in p}
+    return {tp: model[1] / ms for tp, ms in model.items()} if 1 in model else {}
+
+
+def speedup_vs_tp(points: list[dict], comparisons: list[dict], out_dir: Path) -> str:
+    """A panel per mode: measured tp = N speedup (median, bar = min..max over repeats) per batch (colour)
+    and context (line style), the ideal line, and the roofline model's own speedup (grey crosses)."""
     tp_cmp = [c for c in comparisons if c["what"] == "tp_vs_tp1"]
-    contexts = sorted({c["context"] for c in tp_cmp}) or [None]
-    fig, axes = _panels(len(contexts), "speedup of tp = N over tp = 1 (interleaved in one run)")
-    for ax, ctx in zip(axes, contexts):
-        rows = [dict(c, tp_speedup=c["speedup"]) for c in tp_cmp if c["context"] == ctx]
-        # tp = 1 is the reference point (speedup 1) of every line.
-        rows += [dict(r, tp=1, tp_speedup=1.0) for r in {(r["variant_mode"], r["batch"], r["variant"]): r for r in rows}.values()]
-        tps = sorted({r["tp"] for r in rows}) or [1]
-        for label, (xs, ys) in _series(rows, "tp", "tp_speedup",
-                                       ("variant_mode", "batch") + _variant_key(rows)).items():
-            ax.plot(xs, ys, marker="o", label=label)
-        ax.plot(tps, tps, "k--", linewidth=1, label="ideal")
-        ax.set(xlabel="tp", ylabel="speedup (tp=1 time / tp=N time)", title=f"context {ctx}", xticks=tps)
+    modes = sorted({c["variant_mode"] for c in tp_cmp}) or ["(no tp > 1 points)"]
+    batches, contexts = sorted({c["batch"] for c in tp_cmp}), sorted({c["context"] for c in tp_cmp})
+    colours = {b: plt.cm.viridis(i / max(len(batches), 1)) for i, b in enumerate(batches)}
+    styles = {ctx: ("-", "--", ":", "-.")[i % 4] for i, ctx in enumerate(contexts)}
+    fig, axes = _panels(len(modes), "speedup of tp = N over tp = 1 (interleaved in one run)")
+    tps = sorted({1} | {c["tp"] for c in tp_cmp})
+    for ax, mode in zip(axes, modes):
+        model_label = "roofline model"
+        for key in sorted({(c["batch"], c["context"], c["variant"]) for c in tp_cmp if c["variant_mode"] == mode}):
+            rows = sorted((c for c in tp_cmp if c["variant_mode"] == mode and
+                           (c["batch"], c["context"], c["variant"]) == key), key=lambda c: c["tp"])
+            xs, ys = [1] + [c["tp"] for c in rows], [1.0] + [c["speedup"] for c in rows]
+            # the median of all steps may lie outside the per-repeat range: the bar then starts at the point
+            lo = [0.0] + [max(0.0, c["speedup"] - c.get("speedup_min", c["speedup"])) for c in rows]
+            hi = [0.0] + [max(0.0, c.get("speedup_max", c["speedup"]) - c["speedup"]) for c in rows]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=colours[key[0]],
+                        linestyle=styles[key[1]], label=f"batch {key[0]}, ctx {key[1]}")
+            model = _model_speedup(points, mode, *key)
+            ax.plot(list(model), list(model.values()), "x", color="grey", label=model_label)
+            model_label = None
+        ax.plot(tps, tps, "k", linewidth=0.8, alpha=0.5, label="ideal")
+        ax.set(xlabel="tp", ylabel="speedup (tp=1 time / tp=N time)", title=mode, xticks=tps)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, out_dir / "speedup_vs_tp.png")
@@ -103,5 +129,5 @@ def roofline_ratio_vs_context(points: list[dict], out_dir: Path) -> str:
 def write_plots(points: list[dict], comparisons: list[dict], out_dir: Path) -> list[str]:
     """All three plots; returns their file names."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [step_time_vs_batch(points, out_dir), speedup_vs_tp(comparisons, out_dir),
+    return [step_time_vs_batch(points, out_dir), speedup_vs_tp(points, comparisons, out_dir),
             roofline_ratio_vs_context(points, out_dir)]
