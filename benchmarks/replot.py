@@ -1,6 +1,6 @@
 """Redraw a sweep's plots from its JSON lines (points.jsonl, comparisons.jsonl in each folder given).
 
-    python3 benchmarks/replot.py benchmarks/results/h200-2026-11-29-flash43/scaling [more folders ...]
+    python3 benchmarks/replot.py benchmarks/results/h200-2026-11-29-all-layers/scaling [more folders ...]
 """
 
 from __future__ import annotations
