@@ -107,3 +107,34 @@ def test_seeded_weights_equal_on_cpu_and_gpu():
     # integer hashing is exact on both; only the float64 log / cos of Box-Muller may differ in the
     # last bits, far below float32 resolution
     assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_step_index_rings_and_blocks_for_a_chunk_and_a_decode_token():
+    """One step: slot 1 prefills positions 5..14 (10 tokens), slot 0 decodes position 20; ring of R = 4."""
+    from tp_runtime.step_index import block_index, ring_index
+
+    trash, R = 3, 4
+    slot = torch.tensor([1] * 10 + [0])
+    pos = torch.tensor(list(range(5, 15)) + [20])
+    start_idx = torch.tensor([0] * 10 + [10])
+    start_pos = torch.tensor([5] * 10 + [20])
+    last_pos = torch.tensor([14] * 10 + [20])
+    ix = ring_index(R, slot, pos, start_idx, start_pos, last_pos, trash)
+    # Writes: only the chunk's newest R rows (positions 11..14) land in slot 1, at pos % R; the rest go to trash.
+    assert ix.write_row[:6].tolist() == [trash * R + p % R for p in range(5, 11)]
+    assert ix.write_row[6:10].tolist() == [1 * R + p % R for p in range(11, 15)]
+    assert ix.write_row[10].item() == 0 * R + 20 % R
+    # Reads of token at position 7: positions 4..7, oldest first; 4 from the ring, 5..7 from this step's rows 0..2.
+    assert ix.in_step[2].tolist() == [False, True, True, True]
+    assert ix.step_row[2, 1:].tolist() == [0, 1, 2]
+    assert ix.ring_row[2, 0].item() == 1 * R + 4 % R
+    # The decode token reads positions 17..20: 17..19 from slot 0's ring, 20 from its own step row 10.
+    assert ix.in_step[10].tolist() == [False, False, False, True] and ix.step_row[10, 3].item() == 10
+    assert ix.ring_row[10, :3].tolist() == [0 * R + p % R for p in (17, 18, 19)]
+    assert ix.valid.all()  # no position below 0 here
+    # Blocks of ratio 4: position 7 and 11 complete blocks 1 and 2; 20 sits in block 5 and completes nothing.
+    table = RotaryTable(8, 100.0, None, 32, torch.device("cpu"))
+    blk = block_index(4, slot, pos, trash, table)
+    done = [p for p, s in zip(pos.tolist(), blk.emit_slot.tolist()) if s != trash]
+    assert done == [7, 11] and blk.block[10].item() == 5 and blk.n_done[10].item() == 5
+    assert torch.equal(blk.cis, table.at(blk.block * 4)) and blk.phase[10].item() == 0

@@ -89,14 +89,15 @@ class IndexPlan:
     def compute(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                 last_pos: torch.Tensor, trash: int) -> StepIndex:
         """The index of tokens with these metadata rows (each [T] long)."""
-        rings = {R: _ring_index(R, slot, pos, start_idx, start_pos, last_pos, trash) for R in self.ring_lengths}
+        rings = {R: ring_index(R, slot, pos, start_idx, start_pos, last_pos, trash) for R in self.ring_lengths}
         cis = {kind: table.cis[pos] for kind, table in self.tables.items()}
-        blocks = {r: _block_index(r, slot, pos, trash, self.tables["compressed"]) for r in self.ratios}
+        blocks = {r: block_index(r, slot, pos, trash, self.tables["compressed"]) for r in self.ratios}
         return StepIndex(rings, cis, blocks)
 
 
-def _ring_index(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
-                last_pos: torch.Tensor, trash: int) -> RingIndex:
+def ring_index(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+               last_pos: torch.Tensor, trash: int) -> RingIndex:
+    """Where each token (metadata rows [T]) reads and writes a ring of R rows."""
     qpos = pos[:, None] + torch.arange(1 - R, 1, device=pos.device)  # [T, R]
     rel = qpos - start_pos[:, None]  # >= 0: inside the step's chunk
     keep = torch.where(pos > last_pos - R, slot, trash)
@@ -104,7 +105,8 @@ def _ring_index(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.
                      qpos >= 0, keep * R + pos.remainder(R))
 
 
-def _block_index(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int, table: RotaryTable) -> BlockIndex:
+def block_index(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int, table: RotaryTable) -> BlockIndex:
+    """Each token's compressed block for ratio r; rotary angles from table."""
     block = pos.div(r, rounding_mode="floor")
     completes = (pos + 1).remainder(r) == 0
     return BlockIndex(pos.remainder(r), block, torch.where(completes, slot, trash),
