@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TINY_PATH
+from conftest import TINY_PATH
 from tp_runtime.batch import SeqChunk, StepPlan
 from tp_runtime.config import load_config
 from tp_runtime.distributed import single_process
