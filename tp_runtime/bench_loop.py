@@ -226,13 +226,15 @@ def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
     if env.tp.rank != 0:
         return []
     point = {"batch": batch, "context": context, "variant": group["label"]}
-    pairs = [("prefill_vs_seeded", f"prefill:{lane.mode}", lane.name) for lane in main]
-    return _records(env, m, point, names=[f"prefill:{lane.mode}" for lane in main]) + \
-        _comparisons(env, lanes, m.steps, point, pairs)
+    prefill_names = [f"prefill:{lane.mode}" for lane in main]
+    pairs = [("prefill_vs_seeded", name, lane.name) for name, lane in zip(prefill_names, main)]
+    return _records(env, m, point, names=prefill_names) + _comparisons(env, lanes, m.steps, point, pairs)
 
 
 @dataclass
 class Measured:
+    """What one point measured, before it becomes records (rank 0 has per_rank; others an empty list)."""
+
     lanes: list[Lane]  # the main lanes (not baselines)
     steps: dict[str, list[list[float]]]  # lane name -> per repeat, per step ms
     breaks: dict[str, dict | None]
