@@ -233,14 +233,14 @@ def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
 
 @dataclass
 class Measured:
-    """What one point measured, before it becomes records (rank 0 has per_rank; others an empty list)."""
+    """What one point measured, before it becomes records (per_rank is None on ranks other than 0)."""
 
     lanes: list[Lane]  # the main lanes (not baselines)
     steps: dict[str, list[list[float]]]  # lane name -> per repeat, per step ms
     breaks: dict[str, dict | None]
     prefill: dict[str, list[float]]
     allreduce: dict
-    per_rank: list[dict[str, float]]  # rank -> lane name -> median step ms (rank 0 only)
+    per_rank: list[dict[str, float]] | None  # rank -> lane name -> median step ms (rank 0 only)
 
 
 def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int) -> Measured:
