@@ -221,21 +221,20 @@ def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
     built by the real prefill, interleaved; records of the prefilled lanes and prefill_vs_seeded."""
     batch, context = min(group["batches"]), min(group["contexts"])
     prefilled = Seqs(first_slot=batch, fill="prefill")
-    lanes = main + [Lane(f"prefill:{lane.mode}", lane.mode, lane.worker, prefilled) for lane in main]
-    m = _measure(env, lanes, batch, context)
+    checked = [Lane(f"prefill:{lane.mode}", lane.mode, lane.worker, prefilled) for lane in main]
+    m = _measure(env, main + checked, batch, context, recorded=checked)
     if env.tp.rank != 0:
         return []
     point = {"batch": batch, "context": context, "variant": group["label"]}
-    prefill_names = [f"prefill:{lane.mode}" for lane in main]
-    pairs = [("prefill_vs_seeded", name, lane.name) for name, lane in zip(prefill_names, main)]
-    return _records(env, m, point, names=prefill_names) + _comparisons(env, lanes, m.steps, point, pairs)
+    pairs = [("prefill_vs_seeded", c.name, lane.name) for c, lane in zip(checked, main)]
+    return _records(env, m, point) + _comparisons(env, main + checked, m.steps, point, pairs)
 
 
 @dataclass
 class Measured:
     """What one point measured, before it becomes records (per_rank is None on ranks other than 0)."""
 
-    lanes: list[Lane]  # the main lanes (not baselines)
+    lanes: list[Lane]  # the lanes that get records (breaks and prefill measured too)
     steps: dict[str, list[list[float]]]  # lane name -> per repeat, per step ms
     breaks: dict[str, dict | None]
     prefill: dict[str, list[float]]
@@ -243,8 +242,10 @@ class Measured:
     per_rank: list[dict[str, float]] | None  # rank -> lane name -> median step ms (rank 0 only)
 
 
-def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int) -> Measured:
-    """Fill every lane set's slots, warm up, time interleaved repeats, breaks, prefill and all-reduce."""
+def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int,
+             recorded: list[Lane] | None = None) -> Measured:
+    """Fill every lane set's slots, warm up, time interleaved repeats; then breaks and prefill of the
+    recorded lanes (default: all but the baselines) and the all-reduce."""
     s = env.s
     for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each Seqs
         env.on(lane, lambda: _fill(lane, batch, context, s))
@@ -255,18 +256,19 @@ def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int) -> Meas
     for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
         for lane in lanes:
             env.on(lane, lambda: steps[lane.name].append(_decode(lane, batch, s.timed_steps, s.seed)))
-    main = [lane for lane in lanes if not lane.baseline]
-    breaks = {lane.name: _break_ms(lane, batch, s) for lane in main}
-    prefill = {lane.name: _prefill_ms(lane, s) for lane in main}
-    hidden, dtype = main[0].worker.cfg.model.hidden_size, main[0].worker.dtype
+    if recorded is None:
+        recorded = [lane for lane in lanes if not lane.baseline]
+    breaks = {lane.name: _break_ms(lane, batch, s) for lane in recorded}
+    prefill = {lane.name: _prefill_ms(lane, s) for lane in recorded}
+    hidden, dtype = recorded[0].worker.cfg.model.hidden_size, recorded[0].worker.dtype
     ar = env.allreduce(batch, hidden, dtype)
     per_rank = env.tp.gather_to_driver({n: statistics.median(flat(steps[n])) for n in breaks})
-    return Measured(main, steps, breaks, prefill, ar, per_rank)
+    return Measured(recorded, steps, breaks, prefill, ar, per_rank)
 
 
-def _records(env: BenchEnv, m: Measured, point: dict, names: list[str] | None = None) -> list[dict]:
+def _records(env: BenchEnv, m: Measured, point: dict) -> list[dict]:
     return [_record(env, lane, point, m.steps[lane.name], m.breaks[lane.name], m.prefill[lane.name], m.allreduce,
-                    [r[lane.name] for r in m.per_rank]) for lane in m.lanes if names is None or lane.name in names]
+                    [r[lane.name] for r in m.per_rank]) for lane in m.lanes]
 
 
 def _fill(lane: Lane, batch: int, context: int, s: BenchSettings) -> None:
@@ -288,7 +290,7 @@ def _decode_plan(batch: int, pos: int, first_slot: int = 0) -> StepPlan:
 
 
 def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None) -> list[float]:
-    """n decode steps of slots 0..batch-1 at the lane's next positions; per-step ms (inputs made beforehand)."""
+    """n decode steps of the lane's batch slots at their next positions; per-step ms (inputs made beforehand)."""
     w = lane.worker
     inputs = Workload([], w.cfg.model.hidden_size, seed)
     plans = [_decode_plan(batch, lane.seqs.pos + i, lane.seqs.first_slot) for i in range(n)]
