@@ -313,10 +313,12 @@ def _fake_points() -> tuple[list[dict], list[dict]]:
             for b in (1, 8):
                 for ctx in (4096, 32768):
                     points.append({"tp": tp, "mode": mode, "batch": b, "context": ctx, "cache_fill": "seeded",
-                                   "variant": "base", "step_ms_median": 1.0 + b / tp, "roofline_ratio": 2.0 + tp})
+                                   "variant": "base", "step_ms_median": 1.0 + b / tp, "roofline_ratio": 2.0 + tp,
+                                   "roofline_model_ms": 1.0 + 1.0 / tp})
                     if tp > 1:
                         comps.append({"what": "tp_vs_tp1", "tp": tp, "variant_mode": mode, "batch": b,
-                                      "context": ctx, "variant": "base", "speedup": tp * 0.8})
+                                      "context": ctx, "variant": "base", "speedup": tp * 0.8,
+                                      "speedup_min": tp * 0.7, "speedup_max": tp * 0.9})
     return points, comps
 
 

@@ -102,8 +102,10 @@ class SweepConfig:
         batches, contexts = self.grid["bench.batch"], self.grid["bench.context"]
         graph_mode, scope = MODES[mode]
         data.setdefault("parallel", {})["tp"] = tp
+        # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
+        slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(
-            max_seqs=max(batches + ([2 * min(batches)] if self.bench.prefill_check else [])), max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
+            max_seqs=slots, max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
             max_tokens_per_step=max(max(batches), self.bench.prefill_chunk))
         data["graph"] = {**data.get("graph", {}), "mode": graph_mode, "break_scope": scope,
                          "capture_sizes": sorted(set(batches), reverse=True)}

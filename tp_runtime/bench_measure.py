@@ -2,7 +2,8 @@
 all-reduce latency (eager and inside a CUDA graph), and the statistics of a comparison.
 
 On CUDA every duration comes from CUDA events read after one synchronize at the end; on CPU from
-time.perf_counter (the host clock; CPU kernels are synchronous). `TIMER` names which one a record used.
+time.perf_counter (the host clock; CPU kernels are synchronous). A record's `timer` names which one
+(timing.timer_name).
 """
 
 from __future__ import annotations

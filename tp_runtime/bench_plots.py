@@ -85,7 +85,7 @@ def step_time_vs_batch(points: list[dict], out_dir: Path) -> str:
 def _model_speedup(points: list[dict], mode: str, batch: int, context: int, variant: str) -> dict[int, float]:
     """tp -> roofline model time at tp = 1 over model time at tp: what tp can buy if the step met its model."""
     model = {p["tp"]: p["roofline_model_ms"] for p in points if p["cache_fill"] == "seeded" and p["mode"] == mode
-             and (p["batch"], p["context"], p["variant"]) == (batch, context, variant) and "roofline_model_ms" in p}
+             and (p["batch"], p["context"], p["variant"]) == (batch, context, variant)}
     return {tp: model[1] / ms for tp, ms in model.items()} if 1 in model else {}
 
 
@@ -106,8 +106,8 @@ def speedup_vs_tp(points: list[dict], comparisons: list[dict], out_dir: Path) ->
                            (c["batch"], c["context"], c["variant"]) == key), key=lambda c: c["tp"])
             xs, ys = [1] + [c["tp"] for c in rows], [1.0] + [c["speedup"] for c in rows]
             # the median of all steps may lie outside the per-repeat range: the bar then starts at the point
-            lo = [0.0] + [max(0.0, c["speedup"] - c.get("speedup_min", c["speedup"])) for c in rows]
-            hi = [0.0] + [max(0.0, c.get("speedup_max", c["speedup"]) - c["speedup"]) for c in rows]
+            lo = [0.0] + [max(0.0, c["speedup"] - c["speedup_min"]) for c in rows]
+            hi = [0.0] + [max(0.0, c["speedup_max"] - c["speedup"]) for c in rows]
             ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=colours[key[0]],
                         linestyle=styles[key[1]], label=f"batch {key[0]}, ctx {key[1]}")
             model = _model_speedup(points, mode, *key)

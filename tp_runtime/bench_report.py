@@ -32,8 +32,6 @@ def headline(comparisons: list[dict]) -> dict:
     """Median speedup per (comparison, variant mode[, tp]) over all points: the summary's short answer."""
     groups: dict[str, list[float]] = {}
     for c in comparisons:
-        if "speedup" not in c:
-            continue
         key = f"{c['what']}:{c['variant_mode']}" + (f":tp{c['tp']}" if c["what"] == "tp_vs_tp1" else "")
         groups.setdefault(key, []).append(c["speedup"])
     return {k: statistics.median(v) for k, v in sorted(groups.items())}

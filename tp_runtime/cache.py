@@ -19,6 +19,11 @@ import torch
 from tp_runtime.config import ModelConfig, compressed_len
 
 
+def ring_length(ratio: int) -> int:
+    """Rows of a compressor's state ring: c*r tokens (c = 2 for the overlapping ratio-4 compressor)."""
+    return (2 if ratio == 4 else 1) * ratio
+
+
 @dataclass
 class RingState:
     """The last c*r tokens' compressor inputs: kv [slots, c*r, c*D] and score (+ape) of the same shape."""
@@ -28,8 +33,8 @@ class RingState:
 
     @classmethod
     def empty(cls, slots: int, ratio: int, dim: int, device: torch.device) -> "RingState":
-        c = 2 if ratio == 4 else 1
-        shape = (slots, c * ratio, c * dim)
+        rows = ring_length(ratio)
+        shape = (slots, rows, rows // ratio * dim)
         return cls(torch.zeros(shape, dtype=torch.float32, device=device),
                    torch.zeros(shape, dtype=torch.float32, device=device))
 

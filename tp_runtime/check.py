@@ -18,9 +18,9 @@ from tp_runtime.config import RunConfig
 from tp_runtime.distributed import resolve_device, single_process
 from tp_runtime.launcher import in_process, launch
 from tp_runtime.reference import reference_stack
+from tp_runtime.shard import resolve_dtype
 from tp_runtime.stack import AttentionStack
 from tp_runtime.weights import fill_weights, full_tensors
-from tp_runtime.shard import resolve_dtype
 from tp_runtime.workload import build_workload
 
 # Tolerance of a per-token relative error, by the run's dtype.

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from tp_runtime.batch import StepBatch
-from tp_runtime.cache import RingState
+from tp_runtime.cache import RingState, ring_length
 from tp_runtime.layers import ReplicatedLinear, RMSNorm
 from tp_runtime.ops.torch_path import gather_rows, token_chunks, write_ring
 from tp_runtime.rope import apply_rotary
-from tp_runtime.step_index import RingIndex, ring_length
+from tp_runtime.step_index import RingIndex
 
 
 class Compressor(nn.Module):

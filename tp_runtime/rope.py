@@ -43,7 +43,6 @@ class RotaryTable:
 
     def __init__(self, dr: int, base: float, scaling: RopeScaling | None, max_pos: int, device: torch.device):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_frequencies(dr, base, scaling)[None]
-        self.dr = dr
         self.cis = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
 
     @classmethod
@@ -54,6 +53,7 @@ class RotaryTable:
         return cls(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, max_pos, device)
 
     def at(self, pos: torch.Tensor) -> torch.Tensor:
+        """cis at positions pos [T] -> [T, Dr/2]."""
         return self.cis[pos]
 
 

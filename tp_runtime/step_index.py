@@ -16,13 +16,9 @@ from typing import NamedTuple
 
 import torch
 
+from tp_runtime.cache import ring_length
 from tp_runtime.config import ModelConfig
 from tp_runtime.rope import RotaryTable
-
-
-def ring_length(ratio: int) -> int:
-    """Rows of a compressor's state ring: c*r tokens (c = 2 for the overlapping ratio-4 compressor)."""
-    return (2 if ratio == 4 else 1) * ratio
 
 
 class RingIndex(NamedTuple):
@@ -66,7 +62,7 @@ class StepIndex:
 
     def rows(self, n: int) -> "StepIndex":
         """The first n tokens' index (views)."""
-        return StepIndex({r: RingIndex(*(t[:n] for t in ix)) for r, ix in self.rings.items()},
+        return StepIndex({r: ix.tokens(0, n) for r, ix in self.rings.items()},
                          {k: c[:n] for k, c in self.cis.items()},
                          {r: BlockIndex(*(t[:n] for t in ix)) for r, ix in self.blocks.items()})
 
@@ -90,7 +86,7 @@ class IndexPlan:
                 last_pos: torch.Tensor, trash: int) -> StepIndex:
         """The index of tokens with these metadata rows (each [T] long)."""
         rings = {R: ring_index(R, slot, pos, start_idx, start_pos, last_pos, trash) for R in self.ring_lengths}
-        cis = {kind: table.cis[pos] for kind, table in self.tables.items()}
+        cis = {kind: table.at(pos) for kind, table in self.tables.items()}
         blocks = {r: block_index(r, slot, pos, trash, self.tables["compressed"]) for r in self.ratios}
         return StepIndex(rings, cis, blocks)
 
@@ -110,4 +106,4 @@ def block_index(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int, table
     block = pos.div(r, rounding_mode="floor")
     completes = (pos + 1).remainder(r) == 0
     return BlockIndex(pos.remainder(r), block, torch.where(completes, slot, trash),
-                      (pos + 1).div(r, rounding_mode="floor"), table.cis[block * r])
+                      (pos + 1).div(r, rounding_mode="floor"), table.at(block * r))

@@ -45,7 +45,6 @@ class Worker:
 
     # ------------------------------------------------------------ lifecycle
 
-
     def _graphs_wanted(self) -> bool:
         if self.cfg.graph.mode != "breakable":
             return False

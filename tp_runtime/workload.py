@@ -20,6 +20,7 @@ from tp_runtime.batch import StepPlan
 from tp_runtime.config import RunConfig
 from tp_runtime.seeded import token_rows
 
+
 class InputError(ValueError):
     """A user input file that cannot be used; the message names the tensor and the file."""
 
