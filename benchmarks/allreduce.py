@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from tp_runtime.bench_measure import allreduce_ms
-from tp_runtime.distributed import init_from_env, shutdown
-from tp_runtime.shard import DTYPES
+from tp_runtime.bench.measure import allreduce_ms
+from tp_runtime.engine.shard import DTYPES
+from tp_runtime.parallel.group import init_from_env, shutdown
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ:  # torchrun started this process
         res = allreduce_entry(opts)
     else:
-        from tp_runtime.launcher import run_elastic
-        from tp_runtime.launcher import LaunchError
+        from tp_runtime.parallel.errors import LaunchError
+        from tp_runtime.parallel.launcher import run_elastic
 
         try:
             res = run_elastic(a.nproc, allreduce_entry, (opts,))

@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tp_runtime.bench_plots import write_plots
-from tp_runtime.bench_report import read_jsonl
+from tp_runtime.bench.plots import write_plots
+from tp_runtime.bench.report import read_jsonl
 
 
 def _read(path: Path) -> list[dict]:

@@ -44,7 +44,7 @@ common=(configs/tiny.yaml runtime.device=cuda parallel.backend=nccl)
 for mode in eager breakable; do
   run "ray_$mode" python3 -m tp_runtime.cli run "${common[@]}" parallel.launcher=ray graph.mode=$mode
   run "torchrun_$mode" python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    -m tp_runtime.worker "${common[@]}" graph.mode=$mode
+    -m tp_runtime.engine.entry "${common[@]}" graph.mode=$mode
 done
 
 python3 - "$OUT/results.jsonl" <<'PY'

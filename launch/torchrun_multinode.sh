@@ -51,4 +51,4 @@ else
          --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-conf "join_timeout=$RDZV_JOIN_TIMEOUT")
 fi
 exec "${PYTHON:-python3}" -m torch.distributed.run "${nodes[@]}" --nproc-per-node "$NPROC_PER_NODE" \
-  --max-restarts 0 -m tp_runtime.worker "$@"
+  --max-restarts 0 -m tp_runtime.engine.entry "$@"

@@ -16,17 +16,17 @@ import matplotlib.image
 import pytest
 import torch
 
-from tp_runtime.bench_config import load_sweep
-from tp_runtime.bench_measure import BreakTimer, ratio_stats
-from tp_runtime.bench_plots import write_plots
-from tp_runtime.bench_report import read_jsonl, write_jsonl
-from tp_runtime.cache_fill import fill_by_prefill, fill_seeded, prefill_plans
+from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded, prefill_plans
+from tp_runtime.bench.measure import BreakTimer, ratio_stats
+from tp_runtime.bench.plots import write_plots
+from tp_runtime.bench.report import read_jsonl, write_jsonl
+from tp_runtime.bench.roofline import layer_cache_bytes, layer_weight_bytes, model_seconds, step_bytes
+from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.distributed import TPGroup, single_process
-from tp_runtime.roofline import layer_cache_bytes, layer_weight_bytes, model_seconds, step_bytes
-from tp_runtime.stack import AttentionStack
-from tp_runtime.worker import Worker
+from tp_runtime.engine.worker import Worker
+from tp_runtime.model.stack import AttentionStack
+from tp_runtime.parallel.group import TPGroup, single_process
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SWEEP = ROOT / "configs" / "bench_tiny.yaml"
@@ -261,8 +261,8 @@ def test_seeded_fill_writes_exactly_the_rows_a_prefill_writes(context, first):
     r4 = seeded.caches[1]  # a CSA layer: compressed rows 0..c//4-1 exactly
     assert int((r4.compressed[first] != 0).any(-1).sum()) == context // 4
     # Decode after the seeded fill: finite outputs and the scale of a normal step's output.
-    from tp_runtime.bench_loop import _decode_plan
-    from tp_runtime.workload import Workload
+    from tp_runtime.bench.loop import _decode_plan
+    from tp_runtime.engine.workload import Workload
 
     plan = _decode_plan(2, context, first)
     out, _ = seeded.step(plan, Workload([], 64, 0).step_inputs(plan, seeded.device, seeded.dtype))

@@ -20,18 +20,20 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from tp_runtime import checkpoint
-from tp_runtime.check import TOLERANCES, max_rel_err
-from tp_runtime.checkpoint import (INDEX, CheckpointError, dequantize_fp8, e8m0_to_float, load_checkpoint,
-                                   quantize_fp8, read_raw_bytes, scale_name, stored_values, validate_checkpoint,
-                                   write_checkpoint)
 from tp_runtime.config import ConfigError, load_config, read_checkpoint_config
-from tp_runtime.distributed import TPGroup, single_process
-from tp_runtime.driver import drive
-from tp_runtime.launcher import in_process
-from tp_runtime.stack import AttentionStack
-from tp_runtime.weights import draw_full, model_specs, place, shard_of
-from tp_runtime.worker import Worker
+from tp_runtime.engine.driver import drive
+from tp_runtime.engine.entry import in_process
+from tp_runtime.engine.worker import Worker
+from tp_runtime.model.stack import AttentionStack
+from tp_runtime.parallel.group import TPGroup, single_process
+from tp_runtime.verify.check import TOLERANCES, max_rel_err
+from tp_runtime.weights import checkpoint_read as checkpoint
+from tp_runtime.weights.checkpoint_read import load_checkpoint, read_raw_bytes, validate_checkpoint
+from tp_runtime.weights.checkpoint_write import stored_values, write_checkpoint
+from tp_runtime.weights.fill import draw_full
+from tp_runtime.weights.format import INDEX, CheckpointError, scale_name
+from tp_runtime.weights.fp8 import dequantize_fp8, e8m0_to_float, quantize_fp8
+from tp_runtime.weights.specs import model_specs, place, shard_of
 from conftest import ROOT, last_json, run_cli
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -326,10 +328,10 @@ def test_layer_range_outside_the_checkpoint_is_refused(ckpt):
 
 MEMORY_PROBE = """
 import json, sys, torch
-from tp_runtime.checkpoint import load_checkpoint
 from tp_runtime.config import load_config
-from tp_runtime.distributed import TPGroup
-from tp_runtime.stack import AttentionStack
+from tp_runtime.model.stack import AttentionStack
+from tp_runtime.parallel.group import TPGroup
+from tp_runtime.weights.checkpoint_read import load_checkpoint
 cfg = load_config(sys.argv[1], ["model.checkpoint=" + sys.argv[2]])
 tp = TPGroup(rank=0, size=int(sys.argv[3]), device=torch.device("cpu"))
 stack = AttentionStack(cfg.model, tp, cfg.runtime.max_len, torch.float32, torch.device("cpu"))

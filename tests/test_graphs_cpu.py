@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tp_runtime.config import load_config
+from tp_runtime.engine.entry import in_process
 from tp_runtime.graphs import _active, eager_break_during_capture
-from tp_runtime.launcher import in_process
 from conftest import TINY_PATH as TINY
 
 

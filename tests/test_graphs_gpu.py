@@ -10,12 +10,12 @@ import copy
 import pytest
 import torch
 
-from tp_runtime.check import TOLERANCES, max_rel_err, reference_outputs
 from tp_runtime.config import load_config
+from tp_runtime.engine.entry import in_process
+from tp_runtime.engine.scheduler import Scheduler
+from tp_runtime.engine.workload import build_workload
 from tp_runtime.graphs import BreakableGraph, _active, eager_break_during_capture
-from tp_runtime.launcher import in_process
-from tp_runtime.scheduler import Scheduler
-from tp_runtime.workload import build_workload
+from tp_runtime.verify.check import TOLERANCES, max_rel_err, reference_outputs
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
 pytestmark = [pytest.mark.gpu,

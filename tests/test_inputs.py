@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tp_runtime.check import max_rel_err
 from tp_runtime.config import load_config
-from tp_runtime.launcher import in_process
+from tp_runtime.engine.entry import in_process
+from tp_runtime.verify.check import max_rel_err
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
 BASE = ["parallel.tp=1", "workload.requests=3", "workload.prompt_lens=[7, 30, 21]",

@@ -19,9 +19,10 @@ import uuid
 import pytest
 
 from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
-from tp_runtime import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
 from tp_runtime.config import load_config
-from tp_runtime.launcher import LaunchError
+from tp_runtime.engine.entry import worker_entry
+from tp_runtime.parallel import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
+from tp_runtime.parallel.errors import LaunchError
 
 import ray  # noqa: E402  (after ray_launch, see above)
 
@@ -84,7 +85,7 @@ class TestEmbeddedFailures:
                                  "parallel.fail_rank=1", "parallel.fail_step=5"])
         t0 = time.monotonic()
         with pytest.raises(LaunchError, match=r"rank 1 \(node .*\) died: its process exited") as e:
-            ray_launch.launch_ray(cfg)
+            ray_launch.launch_ray(cfg, worker_entry)
         elapsed = time.monotonic() - t0
         # Bound: actor start (torch import) ~10 s on a loaded 2-core machine + 5 steps + POLL_S +
         # FAILURE_GRACE_S; 60 s is the promise, far below parallel.timeout_s-driven hangs.
@@ -97,7 +98,7 @@ class TestEmbeddedFailures:
                                  "parallel.placement_timeout_s=3"])
         t0 = time.monotonic()
         with pytest.raises(LaunchError) as e:
-            ray_launch.launch_ray(cfg)
+            ray_launch.launch_ray(cfg, worker_entry)
         elapsed = time.monotonic() - t0
         msg = str(e.value)
         assert "not ready after 3 s" in msg and "4 bundle(s) of {CPU: 1}" in msg and "STRICT_PACK" in msg, msg
@@ -108,7 +109,7 @@ class TestEmbeddedFailures:
     def test_cuda_without_gpus_is_refused_before_placement(self) -> None:
         cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cuda"])
         with pytest.raises(LaunchError, match=r"runtime.device=cuda but the Ray cluster has no GPU .*\{CPU: 2\}"):
-            ray_launch.launch_ray(cfg)
+            ray_launch.launch_ray(cfg, worker_entry)
 
 
 # ---------------------------------------------------------------- a real cluster: head + one more node

@@ -42,7 +42,7 @@ def _two_nodes(env: dict[str, str], overrides: list[str]) -> list[subprocess.Pop
 def test_torchrun_standalone_matches_local(local_checksum: float) -> None:
     env = child_env()
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "tp_runtime.worker", TINY], cwd=REPO, env=env,
+                          "-m", "tp_runtime.engine.entry", TINY], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     [(rc, out, err)] = _wait_all([p], timeout_s=300)
     assert rc == 0, err[-4000:]
@@ -99,7 +99,7 @@ def _cpu_s(pid: int) -> float:
 def test_sigkill_one_torchrun_rank_ends_all() -> None:
     env = child_env()
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "tp_runtime.worker", TINY, "workload.requests=128"], cwd=REPO, env=env,
+                          "-m", "tp_runtime.engine.entry", TINY, "workload.requests=128"], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Mid-run: both ranks exist and each has spent 3 s of CPU. Measured here: stepping begins
@@ -142,7 +142,7 @@ def test_local_launcher_rank_failure_is_launch_error() -> None:
 def test_torchrun_world_size_must_match_tp() -> None:
     env = child_env()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                        "-m", "tp_runtime.worker", TINY], cwd=REPO, env=env, capture_output=True, text=True,
+                        "-m", "tp_runtime.engine.entry", TINY], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0
     assert "torchrun started 1 processes (nnodes x nproc-per-node) but parallel.tp=2" in r.stderr, r.stderr[-3000:]

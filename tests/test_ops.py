@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tp_runtime.config import load_config
+from tp_runtime.model.rope import RotaryTable, apply_rotary, inv_frequencies, yarn_correction_range
 from tp_runtime.ops.torch_path import indexer_topk, sparse_attention
-from tp_runtime.reference import _frequencies
-from tp_runtime.rope import RotaryTable, apply_rotary, inv_frequencies, yarn_correction_range
+from tp_runtime.verify.reference import _frequencies
 from conftest import TINY_PATH as TINY
 
 torch.manual_seed(0)
@@ -68,25 +68,20 @@ def test_sparse_attention_sink_is_denominator_only():
     assert (with_sink.norm() < no_sink.norm())
 
 
-class _B:  # the StepBatch fields indexer_topk reads
-    def __init__(self, slot):
-        self.slot = slot
-
-
 def test_indexer_topk_masks_and_breaks_ties_low():
     # Two heads, weights (1, 1); keys chosen so that entries 1 and 2 tie exactly.
     q = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # [1, Ih=2, Id=2]
     w = torch.ones(1, 2)
     keys = torch.tensor([[[1.0, 0.0], [2.0, 0.0], [0.0, 2.0], [5.0, 5.0], [9.0, 9.0]]])  # [1 slot, 5, 2]
-    picks = indexer_topk(q, w, keys, _B(torch.tensor([0])), torch.tensor([4]), 5, 2)
+    picks = indexer_topk(q, w, keys, torch.tensor([0]), torch.tensor([4]), 5, 2)
     assert picks.tolist() == [[3, 1]]  # entry 4 is invalid (s >= 4); 1 and 2 tie, the lower wins
-    picks = indexer_topk(q, w, keys, _B(torch.tensor([0])), torch.tensor([1]), 5, 3)
+    picks = indexer_topk(q, w, keys, torch.tensor([0]), torch.tensor([1]), 5, 3)
     assert picks.tolist() == [[0, -1, -1]]  # fewer valid entries than K: the rest are empty
 
 
 
 def test_seeded_weights_depend_only_on_seed_name_and_index():
-    from tp_runtime.seeded import named_normal, normal, stream_key
+    from tp_runtime.weights.seeded import named_normal, normal, stream_key
 
     cpu = torch.device("cpu")
     w = named_normal(3, "layers.0.attn.wq_b.weight", (6, 4), cpu)
@@ -100,7 +95,7 @@ def test_seeded_weights_depend_only_on_seed_name_and_index():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_seeded_weights_equal_on_cpu_and_gpu():
-    from tp_runtime.seeded import named_normal
+    from tp_runtime.weights.seeded import named_normal
 
     a = named_normal(0, "w", (257, 129), torch.device("cpu"))
     b = named_normal(0, "w", (257, 129), torch.device("cuda")).cpu()
@@ -111,7 +106,7 @@ def test_seeded_weights_equal_on_cpu_and_gpu():
 
 def test_step_index_rings_and_blocks_for_a_chunk_and_a_decode_token():
     """One step: slot 1 prefills positions 5..14 (10 tokens), slot 0 decodes position 20; ring of R = 4."""
-    from tp_runtime.step_index import block_index, ring_index
+    from tp_runtime.model.step_index import block_index, ring_index
 
     trash, R = 3, 4
     slot = torch.tensor([1] * 10 + [0])

@@ -13,11 +13,11 @@ import copy
 import pytest
 import torch
 
-from tp_runtime.check import TOLERANCES, max_rel_err, reference_outputs
 from tp_runtime.config import load_config
-from tp_runtime.launcher import in_process
-from tp_runtime.scheduler import Scheduler
-from tp_runtime.workload import build_workload
+from tp_runtime.engine.entry import in_process
+from tp_runtime.engine.scheduler import Scheduler
+from tp_runtime.engine.workload import build_workload
+from tp_runtime.verify.check import TOLERANCES, max_rel_err, reference_outputs
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
 SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
@@ -84,11 +84,11 @@ def test_check_command_at_tp(tp):
 
 
 def test_sink_changes_the_output(scenario, tp1):
-    from tp_runtime.distributed import single_process
-    from tp_runtime.driver import drive
-    from tp_runtime.reference import reference_stack
-    from tp_runtime.weights import full_tensors
-    from tp_runtime.worker import Worker
+    from tp_runtime.parallel.group import single_process
+    from tp_runtime.engine.driver import drive
+    from tp_runtime.verify.reference import reference_stack
+    from tp_runtime.weights.fill import full_tensors
+    from tp_runtime.engine.worker import Worker
 
     worker = Worker(scenario, single_process(torch.device("cpu")))
     for blk in worker.stack.layers.values():

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import TINY_PATH
-from tp_runtime.batch import SeqChunk, StepPlan
 from tp_runtime.config import load_config
-from tp_runtime.distributed import single_process
-from tp_runtime.worker import Worker
-from tp_runtime.workload import Workload
+from tp_runtime.engine.plan import SeqChunk, StepPlan
+from tp_runtime.engine.worker import Worker
+from tp_runtime.engine.workload import Workload
+from tp_runtime.parallel.group import single_process
 
 CPU = torch.device("cpu")
 BASE = ["parallel.tp=1", "runtime.max_seqs=2", "runtime.max_len=200"]

@@ -16,9 +16,11 @@ import argparse
 import json
 import sys
 
-from tp_runtime.checkpoint import CheckpointError, validate_checkpoint, write_checkpoint
 from tp_runtime.config import ConfigError, RunConfig, load_config
-from tp_runtime.workload import InputError, read_inputs
+from tp_runtime.engine.workload import InputError, read_inputs
+from tp_runtime.weights.checkpoint_read import validate_checkpoint
+from tp_runtime.weights.checkpoint_write import write_checkpoint
+from tp_runtime.weights.format import CheckpointError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,15 +49,15 @@ def _validate_inputs(cfg: RunConfig) -> None:
 
 
 def _cmd_run(cfg: RunConfig) -> int:
-    from tp_runtime.launcher import launch
-    from tp_runtime.report import print_report
+    from tp_runtime.engine.entry import launch
+    from tp_runtime.engine.report import print_report
 
     print_report(cfg, launch(cfg))
     return 0
 
 
 def _cmd_check(cfg: RunConfig) -> int:
-    from tp_runtime.check import run_check
+    from tp_runtime.verify.check import run_check
 
     rec = run_check(cfg)
     print(f"tp_runtime check: tp={rec['tp']} device={rec['device']} dtype={rec['dtype']} "
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides += extra
     try:
         if args.command == "bench":
-            from tp_runtime.bench import run_bench
+            from tp_runtime.bench.sweep import run_bench
 
             return run_bench(args.config, args.overrides)
         cfg = load_config(args.config, args.overrides)
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from tp_runtime.launcher import LaunchError
+    from tp_runtime.parallel.errors import LaunchError
 
     try:
         return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)

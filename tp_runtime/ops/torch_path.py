@@ -6,10 +6,12 @@ Work is split into token chunks so that gathered candidates stay within a fixed 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from tp_runtime.batch import StepBatch
-from tp_runtime.step_index import RingIndex
+if TYPE_CHECKING:  # ops take plain tensors and index tuples; nothing of the model is imported at run time
+    from tp_runtime.model.step_index import RingIndex
 
 # Elements (not bytes) one chunk of gathered candidates may occupy; bounds peak memory of long prefills.
 CHUNK_ELEMENTS = 1 << 25
@@ -21,7 +23,7 @@ def token_chunks(n_tokens: int, per_token: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, n_tokens)) for s in range(0, n_tokens, step)]
 
 
-def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, ix: RingIndex) -> torch.Tensor:
+def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, ix: "RingIndex") -> torch.Tensor:
     """Rows [E, R, C] of the positions ix describes for E tokens: from step_rows [T, C] where the
     position lies in this step's chunk, else from ring [slots, R, C] (which must not yet hold this
     step's rows)."""
@@ -29,17 +31,18 @@ def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, ix: RingIndex) -> t
     return torch.where(ix.in_step[..., None], step_rows[ix.step_row].to(ring.dtype), ring_rows)
 
 
-def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, ix: RingIndex) -> None:
+def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, ix: "RingIndex") -> None:
     """Store step_rows [T, C] where ix.write_row says: each sequence's newest R rows at slot, pos % R;
     the rest (older rows of a chunk, padding) in the trash slot."""
     ring.view(-1, ring.shape[-1])[ix.write_row] = step_rows.to(ring.dtype)
 
 
-def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, b: StepBatch, n_valid: torch.Tensor,
+def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
                  n_keys: int, k: int) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
-    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id]; token t may pick s < n_valid[t].
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id], slot [T] each token's cache slot;
+    token t may pick s < n_valid[t].
     I[t, s] = sum_h w[t, h] * Id^-0.5 * Ih^-0.5 * relu(q[t, h] . k[s]). Ties go to the lower index
     (stable sort) so that every implementation picks the same set.
     """
@@ -51,7 +54,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, b: StepBa
     scale = dim ** -0.5 * n_heads ** -0.5
     ar = torch.arange(n_keys, device=q.device)
     for s, e in token_chunks(n_tok, n_keys * max(n_heads, dim)):
-        kk = keys[b.slot[s:e], :n_keys].float()  # [t, N, Id]
+        kk = keys[slot[s:e], :n_keys].float()  # [t, N, Id]
         logits = torch.einsum("thd,tnd->thn", q[s:e].float(), kk).relu_()
         score = torch.einsum("thn,th->tn", logits, w[s:e].float()) * scale
         score.masked_fill_(ar[None] >= n_valid[s:e, None], float("-inf"))

@@ -1,0 +1,151 @@
+"""Measurement primitives of the benchmarks: step timers, eager-break timers, copy bandwidth,
+all-reduce latency (eager and inside a CUDA graph), and the statistics of a comparison.
+
+On CUDA every duration comes from CUDA events read after one synchronize at the end; on CPU from
+time.perf_counter (the host clock; CPU kernels are synchronous). A record's `timer` names which one
+(timing.timer_name).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tp_runtime.engine.timing import StepTimer
+from tp_runtime.parallel.group import TPGroup
+
+
+class BreakTimer:
+    """The `on_break` hook of Worker.step: times each eager call of a replayed step, on the device
+    timeline (CUDA events; on CPU the host clock) and on the host clock.
+
+    Call `next_step()` before each step and `step_done(host_ms)` after it; `per_step_ms()` gives the
+    summed eager time of each step, `per_step_ms(host=True)` the host time spent inside eager calls.
+    The two differ when the GPU waits (an all-reduce held by a slower rank) while the host already
+    issues the next break: then the device time of a break undercounts what the host spends in it.
+    """
+
+    def __init__(self, device: torch.device):
+        self.timer = StepTimer(device)
+        self.host_ms: list[float] = []
+        self.step_host_ms: list[float] = []
+        self.step_of: list[int] = []
+        self.steps = -1
+        self.calls = 0
+
+    def next_step(self) -> None:
+        self.steps += 1
+
+    def step_done(self, host_ms: float) -> None:
+        self.step_host_ms.append(host_ms)
+
+    def __call__(self, call: Callable[[], None]) -> None:
+        t0, h0 = self.timer.now(), time.perf_counter()
+        call()
+        self.host_ms.append((time.perf_counter() - h0) * 1e3)
+        self.timer.stop(t0)
+        self.step_of.append(self.steps)
+        self.calls += 1
+
+    def per_step_ms(self, host: bool = False) -> list[float]:
+        totals = [0.0] * (self.steps + 1)
+        for step, d in zip(self.step_of, self.host_ms if host else self.timer.durations_ms()):
+            totals[step] += d
+        return totals
+
+
+# ------------------------------------------------------------------ machine ceilings
+
+
+def copy_bandwidth(device: torch.device, mib: int, iters: int = 10) -> dict:
+    """Median bandwidth of dst.copy_(src), counting bytes read + written (the roofline's ceiling)."""
+    n = mib * 2**20
+    src = torch.ones(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: first touch of the pages / lazy allocator work
+    timer = StepTimer(device)
+    for _ in range(iters):
+        t0 = timer.now()
+        dst.copy_(src)
+        timer.stop(t0)
+    ms = statistics.median(timer.durations_ms())
+    method = ("device-to-device copy_ timed by CUDA events" if device.type == "cuda"
+              else "host memcpy (tensor copy_) timed by perf_counter")
+    return {"copy_GBps": 2 * n / (ms * 1e-3) / 1e9, "copy_bytes": n, "copy_method": method}
+
+
+def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters: int) -> dict:
+    """Median latency of one all-reduce of a `shape` tensor: eager, and (CUDA) inside a CUDA graph.
+
+    Must be called by every rank of the group in the same order (it runs collectives).
+    """
+    if tp.size == 1:
+        return {"allreduce_ms_eager": 0.0, "allreduce_ms_graph": 0.0 if tp.device.type == "cuda" else None}
+    x = torch.zeros(shape, dtype=dtype, device=tp.device)  # zeros: repeated sums stay finite
+    for _ in range(3):
+        dist.all_reduce(x, group=tp.group)
+    timer = StepTimer(tp.device)
+    for _ in range(iters):
+        t0 = timer.now()
+        dist.all_reduce(x, group=tp.group)
+        timer.stop(t0)
+    out = {"allreduce_ms_eager": statistics.median(timer.durations_ms()), "allreduce_ms_graph": None}
+    if tp.device.type == "cuda":
+        out["allreduce_ms_graph"] = _allreduce_graph_ms(tp, x, iters)
+    return out
+
+
+def _allreduce_graph_ms(tp: TPGroup, x: torch.Tensor, iters: int, replays: int = 5) -> float:
+    """iters all-reduces captured in one CUDA graph; median replay time / iters."""
+    stream = torch.cuda.Stream(tp.device)
+    stream.wait_stream(torch.cuda.current_stream(tp.device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        dist.all_reduce(x, group=tp.group)  # eager op on the capture stream before capture
+        torch.cuda.synchronize(tp.device)
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(iters):
+                dist.all_reduce(x, group=tp.group)
+    torch.cuda.current_stream(tp.device).wait_stream(stream)
+    graph.replay()  # warm replay
+    timer = StepTimer(tp.device)
+    for _ in range(replays):
+        t0 = timer.now()
+        graph.replay()
+        timer.stop(t0)
+    ms = statistics.median(timer.durations_ms()) / iters
+    del graph  # free the graph (it holds NCCL work) before anyone destroys the group
+    gc.collect()
+    torch.cuda.synchronize(tp.device)
+    return ms
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def flat(reps: list[list[float]]) -> list[float]:
+    """Every step of every repeat, in order."""
+    return [x for r in reps for x in r]
+
+
+def summarize_ms(xs: list[float]) -> dict:
+    """median, p90, min, max of durations in ms."""
+    a = np.asarray(xs, dtype=float)
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "min": float(a.min()), "max": float(a.max())}
+
+
+def ratio_stats(num: list[list[float]], den: list[list[float]]) -> dict:
+    """Ratio of medians of all steps, and the spread of per-repeat ratios (repeats interleaved A B A B)."""
+    if len(num) != len(den) or not num:
+        raise ValueError(f"ratio needs the same number of repeats, got {len(num)} and {len(den)}")
+    per = np.asarray([statistics.median(a) / statistics.median(b) for a, b in zip(num, den)])
+    return {"ratio": statistics.median(flat(num)) / statistics.median(flat(den)),
+            "ratio_q1": float(np.percentile(per, 25)), "ratio_q3": float(np.percentile(per, 75)),
+            "ratio_min": float(per.min()), "ratio_max": float(per.max()), "repeats": len(per)}

@@ -1,0 +1,137 @@
+"""`tp-runtime bench SWEEP [key=value ...]`: decode-step scaling benchmarks against a roofline.
+
+    tp-runtime bench configs/bench_tiny.yaml                        # CPU smoke sweep (tp 1 and 2)
+    tp-runtime bench configs/bench_scaling.yaml                     # H200 grid (needs 4 GPUs for tp = 4)
+    tp-runtime bench configs/bench_scaling.yaml grid.parallel.tp=[1,2] bench.repeats=3
+    tp-runtime bench configs/bench_scaling.yaml parallel.launcher=ray
+    torchrun --nproc-per-node 2 -m tp_runtime.bench configs/bench_scaling.yaml   # the tp = 2 points
+
+One launch per tp value runs `loop.bench_entry` on every rank (in this process for tp = 1, the
+elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
+<bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
+follow, and the last stdout line is the JSON summary. Rank 0 also appends each point's records to
+partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tp_runtime.bench.loop import bench_entry, partial_log
+from tp_runtime.bench.report import print_tables, split_records, summary, write_jsonl
+from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
+from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.parallel.errors import LaunchError
+from tp_runtime.parallel.launcher import run_on_ranks
+
+__all__ = ["bench_entry", "launch_plan", "run_bench"]
+
+
+def _label(variant: tuple) -> str:
+    """'base', or e.g. 'v4_pro,num_hidden_layers=8' (a model file by its stem)."""
+    words = [Path(v).stem if k == "model_file" else f"{k.removeprefix('model.')}={v}" for k, v in variant]
+    return ",".join(words) or "base"
+
+
+def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
+    """One (rank config, bench_dict) per tp value: the arguments of `bench_entry` on every rank."""
+    variants, modes, s = sweep.variants(), sweep.modes, sweep.bench
+    per_tp = sweep.n_points()
+    plan = []
+    for i, tp in enumerate(sweep.tps):
+        groups = []
+        for variant in variants:
+            baselines = ({m: sweep.worker_config(1, variant, m).to_dict() for m in modes}
+                         if tp > 1 and s.compare_tp1 else {})
+            groups.append({"label": _label(variant), "variant": [list(kv) for kv in variant],
+                           "batches": list(sweep.grid["bench.batch"]), "contexts": list(sweep.grid["bench.context"]),
+                           "workers": {m: sweep.worker_config(tp, variant, m).to_dict() for m in modes},
+                           "baselines": baselines})
+        bench_dict = {"name": sweep.name, "settings": dataclasses.asdict(s), "groups": groups,
+                      "progress": {"offset": i * per_tp, "total": per_tp * len(sweep.tps)}}
+        plan.append((sweep.worker_config(tp, variants[0], modes[0]), bench_dict))
+    return plan
+
+
+# ------------------------------------------------------------------ the command
+
+
+def write_records(sweep: SweepConfig, records: list[dict]) -> tuple[Path, list[dict], list[dict]]:
+    """points.jsonl and comparisons.jsonl of the records so far (rewritten after every tp launch, so
+    a sweep stopped part-way keeps the tp values it finished)."""
+    out_dir = Path(sweep.bench.output) / sweep.name
+    points, comparisons = split_records(records)
+    write_jsonl(out_dir / "points.jsonl", points)
+    write_jsonl(out_dir / "comparisons.jsonl", comparisons)
+    return out_dir, points, comparisons
+
+
+def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> dict:
+    """Write JSON lines, summary and plots; print the tables and the JSON summary (last stdout line)."""
+    out_dir, points, comparisons = write_records(sweep, records)
+    files = ["points.jsonl", "comparisons.jsonl", "summary.json"]
+    plots = "off (bench.plots=false)"
+    if sweep.bench.plots and points:
+        try:  # the JSON is the result; a machine without matplotlib still gets it
+            from tp_runtime.bench.plots import write_plots
+        except ImportError as e:
+            plots = f"skipped: {e}"
+        else:
+            files += write_plots(points, comparisons, out_dir)
+            plots = "written"
+    summ = summary(sweep.name, config, overrides, points, comparisons, out_dir, files, wall_s)
+    summ["plots"] = plots
+    (out_dir / "summary.json").write_text(json.dumps(summ, indent=2) + "\n")
+    print_tables(points, comparisons)
+    print(json.dumps(summ), flush=True)
+    return summ
+
+
+def run_bench(config_path: str, overrides: list[str]) -> int:
+    """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
+    try:
+        sweep = load_sweep(config_path, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    records: list[dict] = []
+    partial_log(sweep.bench.output, sweep.name).unlink(missing_ok=True)
+    try:
+        for cfg, bench_dict in launch_plan(sweep):
+            records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
+            write_records(sweep, records)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finish(sweep, config_path, overrides, records, time.perf_counter() - t0)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or "RANK" not in os.environ:
+        print("usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]", file=sys.stderr)
+        return 2
+    world = int(os.environ["WORLD_SIZE"])
+    try:
+        sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    (cfg, bench_dict), = launch_plan(sweep)
+    records = bench_entry(cfg.to_dict(), bench_dict)
+    if records is not None:
+        finish(sweep, args[0], args[1:], records, time.perf_counter() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Benchmark sweep configs: a base run config + a grid of values per dotted key + bench settings.
+
+    name: scaling
+    base: v4_flash.yaml            # a run config file (relative to this file) or an inline mapping
+    overrides: [parallel.launcher=local]   # words as on the command line, applied first
+    grid:                          # every combination is one point
+      parallel.tp: [1, 2, 4]
+      bench.batch: [1, 8, 32, 128]
+      bench.context: [4096, 32768]
+      modes: [eager, breakable-wide, breakable-hoisted]
+      model.num_hidden_layers: [8]
+    bench: {warmup_steps: 3, timed_steps: 10, repeats: 5, output: out/bench}
+
+Command-line words `bench.*`, `grid.<key>` and `name` change the sweep; any other dotted key
+(`parallel.launcher=ray`, `runtime.device=cuda`, `model.num_hidden_layers=4`) changes the base.
+Errors name the key and where it came from, as config.py's do. The bench sets the Worker-sizing keys
+(runtime.max_seqs, max_len, max_tokens_per_step, prefill_chunk, graph.*) itself from the grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict, parse_override
+
+# Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
+MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
+         "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow")}
+BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
+RUN_AXES = ("runtime.dtype",)  # plus every model.<field>
+RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
+TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
+
+
+@dataclass
+class BenchSettings:
+    warmup_steps: int = 3  # decode steps per point and variant before timing (excluded)
+    timed_steps: int = 10  # decode steps per repeat
+    repeats: int = 5  # interleaved repeats: A B A B ... with timed_steps each
+    break_steps: int = 2  # extra steps timed with per-break events (kept out of the step times)
+    prefill_chunk: int = 256  # tokens of the timed prefill chunk (one sequence)
+    prefill_steps: int = 2  # timed prefill chunks per point, after one untimed chunk
+    allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
+    copy_mib: int = 256  # size of each buffer of the copy-bandwidth measurement
+    compare_tp1: bool = True  # tp > 1: rank 0 also holds tp = 1 Workers, interleaved, for speedups
+    prefill_check: bool = True  # per configuration: the first point again, interleaved with a real-prefill cache
+    plots: bool = True
+    output: str = "out/bench"  # results go to <output>/<name>/
+    seed: int = 0  # seed of decode inputs and of seeded cache rows
+
+
+@dataclass
+class SweepConfig:
+    name: str
+    base: dict  # raw run-config mapping, base overrides applied, validated once
+    grid: dict[str, list]
+    bench: BenchSettings = field(default_factory=BenchSettings)
+    source: str = "<sweep>"
+
+    @property
+    def modes(self) -> list[str]:
+        return self.grid.get("modes", ["eager"])
+
+    @property
+    def tps(self) -> list[int]:
+        return self.grid.get("parallel.tp", [config_from_dict(self.base).parallel.tp])
+
+    def variants(self) -> list[tuple[tuple[str, Any], ...]]:
+        """Combinations of the run-config axes (model_file, model.*, runtime.dtype): one Worker set each."""
+        # model_file first: it replaces the model section, then model.* keys change it.
+        keys = sorted((k for k in self.grid if k not in BENCH_AXES or k == "model_file"),
+                      key=lambda k: k != "model_file")
+        return [tuple(zip(keys, combo)) for combo in itertools.product(*(self.grid[k] for k in keys))]
+
+    def n_points(self) -> int:
+        """Timed (variant, context, batch) units per tp, all modes included."""
+        return len(self.variants()) * len(self.grid["bench.batch"]) * len(self.grid["bench.context"])
+
+    def headroom(self) -> int:
+        """Positions a point adds past its context: warm-up, repeats, break steps and prefill chunks of
+        every mode (the modes' lanes continue the same sequences)."""
+        b = self.bench
+        per_mode = b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + (1 + b.prefill_steps) * b.prefill_chunk
+        return len(self.modes) * per_mode
+
+    def worker_config(self, tp: int, variant: tuple[tuple[str, Any], ...], mode: str) -> RunConfig:
+        """The RunConfig of the Worker that serves every batch and context of (tp, variant, mode)."""
+        data = copy.deepcopy(self.base)
+        for key, value in variant:
+            if key == "model_file":
+                data["model"] = _model_section(value, self.source)
+            else:
+                _set_dotted(data, key, value, self.source)
+        batches, contexts = self.grid["bench.batch"], self.grid["bench.context"]
+        graph_mode, scope = MODES[mode]
+        data.setdefault("parallel", {})["tp"] = tp
+        # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
+        slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
+        data.setdefault("runtime", {}).update(
+            max_seqs=slots, max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
+            max_tokens_per_step=max(max(batches), self.bench.prefill_chunk))
+        data["graph"] = {**data.get("graph", {}), "mode": graph_mode, "break_scope": scope,
+                         "capture_sizes": sorted(set(batches), reverse=True)}
+        where = ", ".join(f"{k}={v!r}" for k, v in variant) or "base"
+        return config_from_dict(data, f"{self.source} (tp={tp}, {where}, mode={mode})")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
+    """Read a sweep YAML, apply command-line words, validate every Worker config it implies."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"sweep config {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a sweep config must be a mapping with keys {list(TOP_KEYS)}")
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{unknown[0]}'; allowed top-level keys: {list(TOP_KEYS)}")
+    source = str(path)
+    base = _base_mapping(data.get("base"), path)
+    grid = dict(data.get("grid") or {})
+    bench = dict(data.get("bench") or {})
+    name = data.get("name", path.stem)
+    in_file = data.get("overrides") or []
+    if not isinstance(in_file, list) or not all(isinstance(w, str) for w in in_file):
+        raise ConfigError(f"{path}: 'overrides' must be a list of 'key=value' strings, got {in_file!r}")
+    for word in in_file + list(overrides or []):
+        key, value = parse_override(word)
+        where = f"override {word!r}"
+        if key == "name":
+            name = str(value)
+        elif key.startswith("grid."):
+            grid[key[5:]] = value
+        elif key.startswith("bench."):
+            bench[key[6:]] = value
+        elif key.split(".")[0] in RUN_SECTIONS:
+            _set_dotted(base, key, value, where)
+        else:
+            raise ConfigError(f"{where}: unknown key '{key}'; use name, bench.<key>, grid.<key> "
+                              f"or a run-config key under {list(RUN_SECTIONS)}")
+    sweep = SweepConfig(str(name), base, grid, _build(BenchSettings, bench, "bench", source), source)
+    _validate(sweep, path)
+    return sweep
+
+
+def _base_mapping(base: Any, sweep_path: Path) -> dict:
+    if isinstance(base, dict):
+        return copy.deepcopy(base)
+    if not isinstance(base, str):
+        raise ConfigError(f"{sweep_path}: 'base' must be a run config file or an inline mapping, got {base!r}")
+    file = _resolve(base, sweep_path)
+    data = _read_yaml(file)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: a run config must be a mapping")
+    return data
+
+
+def _resolve(name: str, sweep_path: Path | str) -> Path:
+    """A file named by a sweep: relative to the sweep file first, then to the working directory."""
+    for cand in (Path(sweep_path).parent / name, Path(name)):
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"{sweep_path}: file {name!r} not found (looked beside the sweep file and in the "
+                      "working directory)")
+
+
+def _read_yaml(file: Path) -> Any:
+    try:
+        return yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: not valid YAML ({e})") from None
+
+
+def _model_section(name: str, sweep_path: str) -> dict:
+    data = _read_yaml(_resolve(name, sweep_path))
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ConfigError(f"{sweep_path}: grid 'model_file' value {name!r} has no 'model:' section")
+    return data["model"]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _allowed_axes() -> list[str]:
+    return list(BENCH_AXES) + list(RUN_AXES) + [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
+
+
+def _validate(sweep: SweepConfig, path: Path) -> None:
+    src = str(path)
+    config_from_dict(sweep.base, f"{src} base")
+    allowed = _allowed_axes()
+    for key, values in sweep.grid.items():
+        if key not in allowed:
+            raise ConfigError(f"{src}: unknown grid key '{key}'; allowed grid keys: {allowed[:6]} "
+                              "and model.<key> (the bench sets runtime.max_*, prefill_chunk and graph.* itself)")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{src}: grid '{key}' must be a non-empty list, got {values!r}")
+    for key in ("bench.batch", "bench.context"):
+        if key not in sweep.grid:
+            raise ConfigError(f"{src}: grid needs '{key}' (a list of positive integers)")
+        bad = [v for v in sweep.grid[key] if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+        if bad:
+            raise ConfigError(f"{src}: grid '{key}' holds {bad}; values must be positive integers")
+    bad = [m for m in sweep.modes if m not in MODES]
+    if bad:
+        raise ConfigError(f"{src}: grid 'modes' holds {bad}; allowed modes: {list(MODES)}")
+    b = sweep.bench
+    for name in ("timed_steps", "repeats", "prefill_chunk", "allreduce_iters", "copy_mib"):
+        if getattr(b, name) < 1:
+            raise ConfigError(f"{src}: 'bench.{name}' must be >= 1, got {getattr(b, name)}")
+    for name in ("warmup_steps", "break_steps", "prefill_steps"):
+        if getattr(b, name) < 0:
+            raise ConfigError(f"{src}: 'bench.{name}' must be >= 0, got {getattr(b, name)}")
+    for tp in sweep.tps:  # every Worker config must be valid before any rank starts
+        for variant in sweep.variants():
+            for mode in sweep.modes:
+                sweep.worker_config(tp, variant, mode)

@@ -1,0 +1,121 @@
+"""The step loop every rank runs: rank 0 schedules and broadcasts each plan, all ranks step it.
+
+Rank 0 also gathers what the report needs: per-request output checksums (and outputs when asked),
+step timings from CUDA events (or the host clock on CPU), and the rejected requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tp_runtime.engine.plan import StepPlan
+from tp_runtime.engine.scheduler import Rejection, Scheduler
+from tp_runtime.engine.timing import StepTimer
+from tp_runtime.engine.worker import Worker
+from tp_runtime.engine.workload import build_workload, write_dump
+
+
+@dataclass
+class RunResult:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    replayed_steps: int = 0
+    replays_by_size: dict[int, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    step_ms: list[float] = field(default_factory=list)
+    decode_step_ms: list[float] = field(default_factory=list)
+    output_checksum: float = 0.0
+    rejected: list[Rejection] = field(default_factory=list)
+    completed: int = 0
+    outputs: dict[int, torch.Tensor] | None = None  # request id -> [L, hidden] fp32 (cpu)
+    device: str = ""
+    dtype: str = ""
+    graph: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict)
+
+    @property
+    def decode_step_ms_median(self) -> float | None:
+        return statistics.median(self.decode_step_ms) if self.decode_step_ms else None
+
+
+def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> RunResult | None:
+    """Run the workload to the end; rank 0 returns the result, the other ranks None."""
+    cfg, tp, rt = worker.cfg, worker.tp, worker.cfg.runtime
+    workload = build_workload(cfg)
+    keep = keep_outputs or bool(cfg.workload.dump)
+    sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
+                       oneshot) if tp.rank == 0 else None)
+    res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."), load=worker.load_report)
+    parts: dict[int, list[torch.Tensor]] = {}
+    checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
+    timer, decode_steps = StepTimer(worker.device), []
+    t_start = time.perf_counter()
+    while (plan := _next_plan(sched, tp, rt.max_seqs)) is not None:
+        x = workload.step_inputs(plan, worker.device, worker.dtype)
+        t0 = timer.now()
+        out, size = worker.step(plan, x)
+        timer.stop(t0)
+        decode_steps.append(plan.decode_only)
+        _count(res, plan, size)
+        if sched is not None:
+            checksum += out.double().abs().sum()
+            if keep:
+                _collect(parts, plan, out)
+            sched.complete(plan)
+    durations = timer.durations_ms()
+    res.wall_s = time.perf_counter() - t_start
+    if sched is None:
+        return None
+    res.step_ms = durations
+    res.decode_step_ms = [d for d, dec in zip(durations, decode_steps) if dec]
+    res.output_checksum = float(checksum)
+    res.rejected, res.completed = sched.rejected, len(sched.finished)
+    res.graph = _graph_stats(worker)
+    if keep:
+        res.outputs = {r: torch.cat(p) for r, p in parts.items()}
+    if cfg.workload.dump:
+        write_dump(cfg.workload.dump, workload, res.outputs)
+    return res
+
+
+def _next_plan(sched: Scheduler | None, tp, capacity: int) -> StepPlan | None:
+    """Rank 0 decides the next step and broadcasts it; every rank returns the same plan (None: done)."""
+    wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
+    if sched is not None and (plan := sched.next_plan()) is not None:
+        wire = plan.encode(capacity)
+    tp.broadcast_from_driver(wire)
+    return None if int(wire[0]) < 0 else StepPlan.decode_wire(wire)
+
+
+def _count(res: RunResult, plan: StepPlan, replayed_size: int | None) -> None:
+    res.steps += 1
+    if replayed_size is not None:
+        res.replayed_steps += 1
+        res.replays_by_size[replayed_size] = res.replays_by_size.get(replayed_size, 0) + 1
+    for c in plan.chunks:
+        if c.decode:
+            res.decode_tokens += c.length
+        else:
+            res.prefill_tokens += c.length
+
+
+def _collect(parts: dict[int, list[torch.Tensor]], plan: StepPlan, out: torch.Tensor) -> None:
+    rows = out.float().cpu()
+    i = 0
+    for c in plan.chunks:
+        parts.setdefault(c.request, []).append(rows[i: i + c.length])
+        i += c.length
+
+
+def _graph_stats(worker: Worker) -> dict:
+    g = worker.graphs
+    if g is None:
+        return {"captured": False}
+    return {"captured": True, "capture_sizes": g.sizes, "capture_s": g.capture_s,
+            "segments_per_step": g.segments_per_step, "eager_breaks_per_step": g.breaks_per_step,
+            "graph_pool_bytes": g.pool_bytes}

@@ -1,0 +1,96 @@
+"""The per-rank entry every launcher runs, and the torchrun entry point.
+
+    worker_entry(cfg_dict)   join the TP group, build a Worker, drive the workload (every rank)
+    launch(cfg)              worker_entry on every rank under cfg.parallel.launcher; rank 0's result
+
+Under torchrun this module is the entry point (one machine, or one command per machine with
+--nnodes / --node-rank / a c10d rendezvous endpoint):
+
+    torchrun --nproc-per-node 2 -m tp_runtime.engine.entry configs/tiny.yaml
+    torchrun --nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HEAD:29400 \
+        --nproc-per-node 1 -m tp_runtime.engine.entry configs/tiny.yaml
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
+from tp_runtime.engine.driver import RunResult, drive
+from tp_runtime.engine.report import print_report
+from tp_runtime.engine.worker import FaultyWorker, Worker
+from tp_runtime.parallel.group import group_from_env, shutdown
+from tp_runtime.parallel.launcher import run_on_ranks
+
+
+def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
+    """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
+
+    Returns the driver's result on rank 0 and None elsewhere.
+    """
+    cfg = config_from_dict(cfg_dict)
+    p = cfg.parallel
+    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
+    worker = None
+    try:
+        worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
+        worker = worker_cls(cfg, tp, oneshot=oneshot)
+        return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+    finally:
+        if worker is not None:
+            worker.close()
+        else:
+            shutdown(tp)
+
+
+def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
+    """Run the workload on every rank under cfg.parallel.launcher; rank 0's result."""
+    return run_on_ranks(cfg, worker_entry, oneshot, keep_outputs)
+
+
+def in_process(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
+    """tp = 1 in this very process (no process group)."""
+    return worker_entry(cfg.to_dict(), oneshot=oneshot, keep_outputs=keep_outputs)
+
+
+USAGE = "usage: torchrun [--nnodes N --node-rank K --rdzv-backend c10d --rdzv-endpoint HOST:PORT] " \
+        "--nproc-per-node P -m tp_runtime.engine.entry CONFIG [key=value ...]"
+
+
+def _torchrun_config(args: list[str]) -> RunConfig:
+    """The run's config, checked against the processes torchrun started (WORLD_SIZE must equal tp)."""
+    if not args or args[0].startswith("-"):
+        raise ConfigError(USAGE)
+    cfg = load_config(args[0], args[1:] + ["parallel.launcher=torchrun"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != cfg.parallel.tp:
+        raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
+                          f"parallel.tp={cfg.parallel.tp}; they must be equal")
+    return cfg
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry: every rank runs the worker; rank 0 prints the report and the JSON line.
+
+    A failing rank raises (exit status 1; `record` hands the traceback to torchrun's summary); the
+    others then fail in their next collective (a closed connection at once, a hung peer after
+    parallel.timeout_s), and torchrun stops the rest, so every rank exits non-zero in bounded time.
+    """
+    try:
+        cfg = _torchrun_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = worker_entry(cfg.to_dict())
+    if result is not None:
+        print_report(cfg, result)
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

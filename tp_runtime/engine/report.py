@@ -1,0 +1,63 @@
+"""Run reports: a short human summary, then one JSON object as the last stdout line."""
+
+from __future__ import annotations
+
+import json
+
+from tp_runtime.config import RunConfig
+from tp_runtime.engine.driver import RunResult
+
+
+def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
+    g = res.graph
+    tokens = res.prefill_tokens + res.decode_tokens
+    rec = {
+        "command": command,
+        "tp": cfg.parallel.tp,
+        "launcher": cfg.parallel.launcher,
+        "device": res.device,
+        "dtype": res.dtype,
+        "graph_mode": cfg.graph.mode if g.get("captured") else "eager",
+        "graph_mode_requested": cfg.graph.mode,
+        "break_scope": cfg.graph.break_scope,
+        "layers": len(cfg.model.layer_ids()),
+        "requests": res.completed + len(res.rejected),
+        "completed": res.completed,
+        "rejected": [r.reason for r in res.rejected],
+        "prefill_tokens": res.prefill_tokens,
+        "decode_tokens": res.decode_tokens,
+        "steps": res.steps,
+        "wall_s": round(res.wall_s, 4),
+        "decode_step_ms_median": res.decode_step_ms_median,
+        "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
+        "output_checksum": res.output_checksum,
+        "capture_sizes": g.get("capture_sizes", []),
+        "capture_s": g.get("capture_s", 0.0),
+        "segments_per_step": g.get("segments_per_step", 0),
+        "eager_breaks_per_step": g.get("eager_breaks_per_step", 0),
+        "graph_pool_bytes": g.get("graph_pool_bytes", 0),
+        "replayed_fraction": res.replayed_steps / res.steps if res.steps else 0.0,
+        "eager_steps": res.steps - res.replayed_steps,
+        "replays_by_size": {str(k): v for k, v in sorted(res.replays_by_size.items())},
+    }
+    rec.update({f"load_{k}": v for k, v in res.load.items()})
+    return rec
+
+
+def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
+    rec = run_record(cfg, res, command)
+    med = rec["decode_step_ms_median"]
+    print(f"tp_runtime {command}: tp={rec['tp']} launcher={rec['launcher']} device={rec['device']} "
+          f"dtype={rec['dtype']} graphs={rec['graph_mode']} ({rec['break_scope']}) layers={rec['layers']}")
+    print(f"  requests {rec['completed']} completed, {len(rec['rejected'])} rejected; "
+          f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
+    for reason in rec["rejected"]:
+        print(f"  rejected: {reason}")
+    if rec["segments_per_step"]:
+        print(f"  graphs: {rec['segments_per_step']} segments + {rec['eager_breaks_per_step']} eager breaks per step, "
+              f"{rec['replayed_fraction']:.0%} of steps replayed, capture {rec['capture_s']:.2f} s, "
+              f"pool {rec['graph_pool_bytes'] / 2**20:.1f} MiB")
+    print(f"  wall {rec['wall_s']:.3f} s, {rec['tokens_per_s'] or 0:.1f} tokens/s, decode step median "
+          f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {rec['output_checksum']:.6f}")
+    print(json.dumps(rec), flush=True)
+    return rec

@@ -1,0 +1,179 @@
+"""DSV4Attention: one DeepSeek-V4 attention layer holding Hl = H / tp heads of this rank.
+
+    forward = stage A (input GEMMs, RMSNorms; no metadata)
+            -> stage B behind an eager break (positions, caches, compressor, indexer, sparse attention)
+            -> stage C (grouped wo_a, row-parallel wo_b, the layer's single all-reduce)
+
+`break_scope` places the break: "wide" breaks around stages A and B (DSV4 before vLLM PR 44561);
+"hoisted" captures stage A and breaks around stage B (that change); "narrow" also captures what
+needs only device metadata (wq_b, q/kv rotary, compressors, indexer query, window ring write) and
+breaks only around top-K selection and the sparse attention. Outside CUDA-graph capture the break
+is a plain call, so the same code is the eager path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.graphs import eager_break_during_capture
+from tp_runtime.model.batch import LiveBatch, StepBatch
+from tp_runtime.model.cache import LayerCache
+from tp_runtime.model.compressor import Compressor
+from tp_runtime.model.indexer import Indexer
+from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
+from tp_runtime.model.rope import apply_rotary
+from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
+from tp_runtime.parallel.group import TPGroup
+
+
+class StageA(NamedTuple):
+    """Metadata-independent products of x [T, hidden]; None where the layer kind has no such part."""
+
+    qr: torch.Tensor  # [T, Rq] after q_norm
+    kv: torch.Tensor  # [T, D] after kv_norm
+    comp_kv: torch.Tensor | None  # [T, c*D] fp32 (r > 0)
+    comp_score: torch.Tensor | None
+    idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
+    idx_kv: torch.Tensor | None  # [T, 2*Id] fp32 (r = 4)
+    idx_score: torch.Tensor | None
+
+
+class Prepared(NamedTuple):
+    """Stage-B products that need only device metadata (capturable in the narrow scope)."""
+
+    q: torch.Tensor  # [T, Hl, D] per-head normed, roped
+    kv: torch.Tensor  # [T, D] roped, cache dtype: this step's window rows
+    idx_q: torch.Tensor | None  # [T, Ih, Id] roped indexer query (r = 4)
+    idx_w: torch.Tensor | None  # [T, Ih] indexer head weights (r = 4)
+
+
+class DSV4Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
+        self.n_local_heads = H // tp.size
+        self.n_local_groups = G // tp.size
+        self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
+        self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
+        # wq_a and wkv fused into one replicated GEMM: rows [0, Rq) are wq_a, [Rq, Rq + D) wkv.
+        self.wqkv_a = ReplicatedLinear(cfg.hidden_size, cfg.q_lora_rank + D, dtype, device)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
+        self.kv_norm = RMSNorm(D, self.eps, dtype, device)
+        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device)  # by heads
+        self.attn_sink = nn.Parameter(torch.empty(self.n_local_heads, dtype=torch.float32, device=device),
+                                      requires_grad=False)
+        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
+        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
+        self.compressor = Compressor(ratio, D, cfg.hidden_size, self.eps, dtype, device) if ratio else None
+        self.indexer = Indexer(cfg, dtype, device) if ratio == 4 else None
+
+    # ------------------------------------------------------------ forward
+
+    def forward(self, x: torch.Tensor, live: LiveBatch, cache: LayerCache, out: torch.Tensor,
+                break_scope: str) -> torch.Tensor:
+        """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer."""
+        if break_scope == "wide":
+            attention_wide(self, x, live, cache, out)
+        elif break_scope == "hoisted":
+            attention_hoisted(self, self.stage_a(x), live, cache, out)
+        else:  # narrow: only top-K selection and the sparse attention stay in the break
+            p = self.prepare(self.stage_a(x), live.batch, cache)
+            attention_narrow(self, p, live, cache, out)
+            self.commit(p, live.batch, cache)
+        return self.stage_c(out)
+
+    def stage_a(self, x: torch.Tensor) -> StageA:
+        qr, kv = self.wqkv_a(x).split([self.q_norm.weight.numel(), self.D], dim=-1)
+        comp = self.compressor.project(x) if self.compressor else (None, None)
+        idx = self.indexer.project(x) if self.indexer else (None, None, None)
+        return StageA(self.q_norm(qr), self.kv_norm(kv), *comp, *idx)
+
+    def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
+        """Steps 4-11 for the current step; writes the attention output into out."""
+        p = self.prepare(a, live.batch, cache)
+        self.attend(p, live, cache, out)
+        self.commit(p, live.batch, cache)
+
+    def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
+        """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
+        graph may capture it. Emits compressed entries and indexer keys into the caches."""
+        cis = b.ix.cis[self.rope_kind]
+        q = self.wq_b(a.qr).view(len(a.qr), self.n_local_heads, self.D)
+        q = apply_rotary(rms_norm(q, None, self.eps), cis)
+        kv = apply_rotary(a.kv, cis).to(cache.window.dtype)
+        if self.compressor is not None:
+            self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
+        idx_q = self.indexer.prepare(a.qr, a.idx_kv, a.idx_score, b, cache) if self.indexer else None
+        return Prepared(q, kv, idx_q, a.idx_w)
+
+    def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
+        """Steps 8-11 for the n real tokens: top-K, candidates, sparse attention with sink, inverse
+        rotary; writes o [n, Hl*D] into out (padding rows zero). Sizes come from host metadata."""
+        b = live.batch
+        n = b.n_tokens
+        picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
+        o = torch.empty_like(p.q[:n])
+        for s, e in token_chunks(n, (self.W + self._n_compressed(b, picks)) * self.D):
+            rows, valid = self._candidates(p.kv, b, cache, picks, s, e)
+            o[s:e] = sparse_attention(p.q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
+        out[:n] = apply_rotary(o, b.ix.cis[self.rope_kind][:n], inverse=True).flatten(1)
+        out[n:].zero_()
+
+    def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
+        """Step 6's ring write, after attention: the gathers read the ring's older rows."""
+        write_ring(cache.window, p.kv, b.ix.rings[self.W])
+
+    def stage_c(self, o: torch.Tensor) -> torch.Tensor:
+        """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
+        Gl = self.n_local_groups
+        wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)  # [Gl, Ro, (H/G)*D]
+        z = torch.einsum("tgd,grd->tgr", o.view(o.shape[0], Gl, -1), wo_a)
+        return self.wo_b(z.flatten(1))
+
+    # ------------------------------------------------------------ candidates of stage B
+
+    def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
+        if picks is not None:
+            return picks.shape[1]
+        return (b.max_pos + 1) // self.ratio if self.ratio else 0
+
+    def _candidates(self, kv: torch.Tensor, b: StepBatch, cache: LayerCache, picks: torch.Tensor | None,
+                    s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [t, W + C, D] and validity [t, W + C] for tokens s..e: window rows, then compressed rows."""
+        ring = b.ix.rings[self.W].tokens(s, e)
+        rows, valid = gather_rows(kv, cache.window, ring), ring.valid  # [t, W], oldest first
+        if not self.ratio:
+            return rows, valid
+        if picks is not None:  # CSA: the indexer's top-K
+            idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
+        else:  # HCA: every completed entry
+            idx = torch.arange(self._n_compressed(b, None), device=kv.device)[None].expand(e - s, -1)
+            ok = idx < b.ix.blocks[self.ratio].n_done[s:e, None]
+        crow = cache.compressed[b.slot[s:e, None], idx]
+        return torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+
+
+@eager_break_during_capture
+def attention_wide(layer: DSV4Attention, x: torch.Tensor, live: LiveBatch, cache: LayerCache,
+                   out: torch.Tensor) -> None:
+    """Eager region of the wide scope: stages A and B."""
+    layer.stage_b(layer.stage_a(x), live, cache, out)
+
+
+@eager_break_during_capture
+def attention_hoisted(layer: DSV4Attention, a: StageA, live: LiveBatch, cache: LayerCache,
+                      out: torch.Tensor) -> None:
+    """Eager region of the hoisted scope: stage B only (stage A stays in the captured segment)."""
+    layer.stage_b(a, live, cache, out)
+
+
+@eager_break_during_capture
+def attention_narrow(layer: DSV4Attention, p: Prepared, live: LiveBatch, cache: LayerCache,
+                     out: torch.Tensor) -> None:
+    """Eager region of the narrow scope: indexer top-K and sparse attention (sizes from host metadata)."""
+    layer.attend(p, live, cache, out)

@@ -1,0 +1,46 @@
+"""Lightning indexer of ratio-4 (CSA) layers: picks the top-K compressed entries each token attends to.
+
+Replicated on every rank (no collective). Stage A projects the head weights and its own ratio-4
+compressor's inputs from x; stage B builds the indexer query from qr, lets the compressor emit keys,
+scores every valid entry and selects the top K. The reference's Hadamard rotation and FP4 simulation
+cancel or vanish in exact arithmetic and are skipped (spec section 3, step 8).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.model.batch import StepBatch
+from tp_runtime.model.cache import LayerCache
+from tp_runtime.model.compressor import Compressor
+from tp_runtime.model.layers import ReplicatedLinear
+from tp_runtime.model.rope import apply_rotary
+from tp_runtime.ops.torch_path import indexer_topk
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
+        self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device)
+        self.weights_proj = ReplicatedLinear(cfg.hidden_size, self.n_heads, dtype, device)
+        self.compressor = Compressor(4, self.head_dim, cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Stage A: x [T, hidden] -> head weights [T, Ih], compressor kv and score [T, 2*Id] fp32."""
+        return (self.weights_proj(x), *self.compressor.project(x))
+
+    def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
+                cache: LayerCache) -> torch.Tensor:
+        """Stage B, device metadata only: emit this step's keys; return the roped query [T, Ih, Id]."""
+        self.compressor(kv, score, b, cache.index_state, cache.index_keys)
+        q = self.wq_b(qr).view(len(qr), self.n_heads, self.head_dim)
+        return apply_rotary(q, b.ix.cis["compressed"])
+
+    def select(self, q: torch.Tensor, w: torch.Tensor, b: StepBatch, cache: LayerCache) -> torch.Tensor:
+        """Stage B, host metadata: the chosen entries [n, min(K, N)] of the n real tokens, -1 where none."""
+        n = b.n_tokens
+        n_keys = (b.max_pos + 1) // 4  # entries any token of this step may see (host bound)
+        return indexer_topk(q[:n], w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n], n_keys, self.topk)

@@ -1,0 +1,55 @@
+"""AttentionStack: the selected DSV4 attention layers with their pre-norms and residuals.
+
+    h = h + Attention_i(RMSNorm(h, attn_norm_i))   for each selected layer i
+
+MoE, hyper-connections, embeddings and the LM head are outside this project's scope. Parameter
+names follow the checkpoint: `layers.{i}.attn_norm.weight`, `layers.{i}.attn.*`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.model.attention import DSV4Attention
+from tp_runtime.model.batch import LiveBatch
+from tp_runtime.model.cache import LayerCache, allocate_layer_cache
+from tp_runtime.model.layers import RMSNorm
+from tp_runtime.model.step_index import IndexPlan
+from tp_runtime.parallel.group import TPGroup
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.attn = DSV4Attention(cfg, ratio, tp, dtype, device)
+
+
+class AttentionStack(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.cfg, self.tp, self.dtype, self.device = cfg, tp, dtype, device
+        self.layer_ids = cfg.layer_ids()
+        self.ratios = [cfg.compress_ratios[i] for i in self.layer_ids]
+        max_pos = max_len + 1  # positions 0..max_len-1 and compressed-entry positions i*r <= max_len
+        # What the layers read per step (rings, blocks, rotary tables), built once per step by StepBuffers.
+        self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device)
+        self.layers = nn.ModuleDict({
+            str(i): Block(cfg, r, tp, dtype, device) for i, r in zip(self.layer_ids, self.ratios)})
+
+    def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
+        return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device) for r in self.ratios]
+
+    def attn_out_width(self) -> int:
+        """Width of the eager break's output buffer: Hl * D."""
+        return self.cfg.num_attention_heads // self.tp.size * self.cfg.head_dim
+
+    def forward(self, h: torch.Tensor, live: LiveBatch, caches: list[LayerCache], out: torch.Tensor,
+                break_scope: str) -> torch.Tensor:
+        """h [T, hidden] -> [T, hidden]. out [>=T, Hl*D] is reused by every layer's eager break."""
+        o = out[: h.shape[0]]
+        for blk, cache in zip(self.layers.values(), caches):
+            h = h + blk.attn(blk.attn_norm(h), live, cache, o, break_scope)
+        return h

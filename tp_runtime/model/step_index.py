@@ -1,0 +1,109 @@
+"""Per-step index tensors: built once per step from the batch metadata, read by every layer.
+
+Every layer of a stack asks the same questions of a step: where each token finds the rows of its
+last R positions (window ring, compressor state rings), where its own row is stored, which
+compressed block it completes, and its rotary angles. Answering them in each layer costs some 40
+small kernels per layer; here they are answered once per step into static buffers (`StepBuffers`),
+before a graph replays, so captured segments and eager breaks read the same tensors.
+
+Shapes below: T tokens of the step (padded), R rows of a ring, Dr/2 rotary pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.model.cache import ring_length
+from tp_runtime.model.rope import RotaryTable
+
+
+class RingIndex(NamedTuple):
+    """Rows of positions pos - R + 1 .. pos of each token's sequence (oldest first), for a ring of R rows.
+
+    A position inside this step's chunk of the sequence is read from the step's own rows (the ring
+    may already hold later rows of the chunk); an earlier one from the ring at row pos % R.
+    """
+
+    in_step: torch.Tensor  # [T, R] bool: read from the step's rows
+    step_row: torch.Tensor  # [T, R] long: that row of the step (clamped where not in_step)
+    ring_row: torch.Tensor  # [T, R] long: slot * R + pos % R in the ring viewed as [slots * R, C]
+    valid: torch.Tensor  # [T, R] bool: position >= 0
+    write_row: torch.Tensor  # [T] long: where the token's own row is stored; its chunk's newest R rows
+    # land at slot * R + pos % R, older rows of the chunk (a later token overwrites them) and padding
+    # in the trash slot
+
+    def tokens(self, s: int, e: int) -> "RingIndex":
+        return RingIndex(*(t[s:e] for t in self))
+
+
+class BlockIndex(NamedTuple):
+    """Each token's compressed block for a compress ratio r."""
+
+    phase: torch.Tensor  # [T] pos % r (the compressor's positional bias row)
+    block: torch.Tensor  # [T] pos // r
+    emit_slot: torch.Tensor  # [T] the token's slot if it completes its block, else the trash slot
+    n_done: torch.Tensor  # [T] (pos + 1) // r: completed entries the token may attend to
+    cis: torch.Tensor  # [T, Dr/2] complex64: rotary at the entry's position block * r
+
+
+@dataclass
+class StepIndex:
+    rings: dict[int, RingIndex]  # by ring length R
+    cis: dict[str, torch.Tensor]  # by rotary kind ("window", "compressed"): [T, Dr/2] at pos
+    blocks: dict[int, BlockIndex]  # by compress ratio
+
+    def tensors(self) -> list[torch.Tensor]:
+        return ([t for ix in self.rings.values() for t in ix] + list(self.cis.values())
+                + [t for ix in self.blocks.values() for t in ix])
+
+    def rows(self, n: int) -> "StepIndex":
+        """The first n tokens' index (views)."""
+        return StepIndex({r: ix.tokens(0, n) for r, ix in self.rings.items()},
+                         {k: c[:n] for k, c in self.cis.items()},
+                         {r: BlockIndex(*(t[:n] for t in ix)) for r, ix in self.blocks.items()})
+
+    def assign(self, other: "StepIndex") -> None:
+        """Copy other (n tokens) into this index's first n rows."""
+        for dst, src in zip(self.tensors(), other.tensors()):
+            dst[: len(src)].copy_(src)
+
+
+class IndexPlan:
+    """What a stack's layers read: ring lengths, compress ratios and rotary tables (shared by layers)."""
+
+    def __init__(self, cfg: ModelConfig, ratios: list[int], max_pos: int, device: torch.device):
+        compress = sorted({r for r in ratios if r})
+        self.ring_lengths = sorted({cfg.sliding_window} | {ring_length(r) for r in compress})
+        self.ratios = compress
+        self.tables = {kind: RotaryTable.for_kind(cfg, kind, max_pos, device)
+                       for kind in sorted({"compressed" if r else "window" for r in ratios})}
+
+    def compute(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+                last_pos: torch.Tensor, trash: int) -> StepIndex:
+        """The index of tokens with these metadata rows (each [T] long)."""
+        rings = {R: ring_index(R, slot, pos, start_idx, start_pos, last_pos, trash) for R in self.ring_lengths}
+        cis = {kind: table.at(pos) for kind, table in self.tables.items()}
+        blocks = {r: block_index(r, slot, pos, trash, self.tables["compressed"]) for r in self.ratios}
+        return StepIndex(rings, cis, blocks)
+
+
+def ring_index(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+               last_pos: torch.Tensor, trash: int) -> RingIndex:
+    """Where each token (metadata rows [T]) reads and writes a ring of R rows."""
+    qpos = pos[:, None] + torch.arange(1 - R, 1, device=pos.device)  # [T, R]
+    rel = qpos - start_pos[:, None]  # >= 0: inside the step's chunk
+    keep = torch.where(pos > last_pos - R, slot, trash)
+    return RingIndex(rel >= 0, (start_idx[:, None] + rel).clamp(min=0), slot[:, None] * R + qpos.remainder(R),
+                     qpos >= 0, keep * R + pos.remainder(R))
+
+
+def block_index(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int, table: RotaryTable) -> BlockIndex:
+    """Each token's compressed block for ratio r; rotary angles from table."""
+    block = pos.div(r, rounding_mode="floor")
+    completes = (pos + 1).remainder(r) == 0
+    return BlockIndex(pos.remainder(r), block, torch.where(completes, slot, trash),
+                      (pos + 1).div(r, rounding_mode="floor"), table.at(block * r))

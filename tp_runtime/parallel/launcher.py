@@ -1,0 +1,68 @@
+"""Start the ranks of a run and return rank 0's result.
+
+    local     tp = 1 runs in this process; tp > 1 starts one process per rank through torch's
+              elastic agent (the machinery behind torchrun) with a c10d rendezvous on a free port
+    ray       one actor per rank in a placement group (ray_launch.py)
+    torchrun  the processes already exist: run `torchrun ... -m tp_runtime.engine.entry CONFIG`
+
+Every path calls the given per-rank entry (`engine.entry.worker_entry`, `bench.loop.bench_entry`) with
+the config dict first: the same code on every rank. This module imports no engine code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any, Callable
+
+from tp_runtime.config import RunConfig
+from tp_runtime.parallel.errors import LaunchError
+
+
+def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any, torchrun_module: str = "tp_runtime.engine.entry") -> Any:
+    """entry(cfg_dict, *args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's
+    return value. Every per-rank entry (worker_entry, bench_entry) takes the config dict first."""
+    p = cfg.parallel
+    if p.launcher == "ray":
+        from tp_runtime.parallel.ray_launch import launch_ray
+
+        return launch_ray(cfg, entry, args)
+    if p.launcher == "torchrun":
+        raise LaunchError(f"parallel.launcher=torchrun: start the ranks with `torchrun --nproc-per-node N "
+                          f"-m {torchrun_module} CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
+                          "several nodes)")
+    if p.tp == 1:
+        return entry(cfg.to_dict(), *args)
+    return run_elastic(p.tp, entry, (cfg.to_dict(), *args))
+
+
+def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
+    """entry(*args) in nproc processes on this host through torch's elastic agent (c10d rendezvous on a
+    free port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    lc = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+        run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port
+        max_restarts=0, monitor_interval=0.1, start_method="spawn",
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        return elastic_launch(lc, entry)(*args)[0]
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): "
+                          f"{_failure_message(failure)}") from None
+
+
+def _failure_message(failure) -> str:
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", msg)
+        if isinstance(msg, dict):
+            msg = msg.get("message", str(msg))
+    return str(msg).strip().splitlines()[-1] if msg else "no error message (killed by a signal?)"

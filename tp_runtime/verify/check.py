@@ -1,0 +1,104 @@
+"""`tp-runtime check`: the same workload run several ways, compared output by output.
+
+    tp_vs_tp1               the configured tp and launcher against tp = 1 in this process
+    incremental_vs_oneshot  chunked prefill + decode against each sequence prefilled whole (tp = 1)
+    vs_reference            the configured run against the plain float64 oracle (reference.py)
+    graph_vs_eager          (GPU, graph.mode=breakable) graph replay against the eager run of the same scope
+
+The error of a comparison is max over requests and tokens of ||a_t - b_t|| / ||b_t||.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tp_runtime.config import RunConfig
+from tp_runtime.engine.entry import in_process, launch
+from tp_runtime.engine.shard import resolve_dtype
+from tp_runtime.engine.workload import build_workload
+from tp_runtime.model.stack import AttentionStack
+from tp_runtime.parallel.group import resolve_device, single_process
+from tp_runtime.verify.reference import reference_stack
+from tp_runtime.weights.fill import fill_weights, full_tensors
+
+# Tolerance of a per-token relative error, by the run's dtype.
+#  float64: ~1e-16 rounding grown through a few layers of GEMMs and softmaxes stays far below 1e-9.
+#  float32: unit roundoff 6e-8; reductions over up to a few thousand terms (hidden, D, candidates)
+#           and residual sums over the layers land near 1e-6, so 1e-5 leaves 10x headroom while a
+#           wrong mask, position or sink (errors of 1e-2 and up) fails by orders of magnitude.
+#  bfloat16: unit roundoff 4e-3 on every stored activation and weight; per-layer errors of ~5e-3
+#           accumulate over the stack, and rounding can flip a borderline top-K pick, moving one of
+#           hundreds of candidates; 3e-2 bounds that while a mathematical error still shows as >1e-1.
+TOLERANCES = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 3e-2}
+
+
+def max_rel_err(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
+    if set(a) != set(b):
+        raise ValueError(f"compared runs completed different requests: {sorted(a)} vs {sorted(b)}")
+    worst = 0.0
+    for r in a:
+        x, y = a[r].double(), b[r].double().to(a[r].device)
+        err = (x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30)
+        worst = max(worst, float(err.max()) if err.numel() else 0.0)
+    return worst
+
+
+def _variant(cfg: RunConfig, **changes: dict) -> RunConfig:
+    out = copy.deepcopy(cfg)
+    for section, values in changes.items():
+        for k, v in values.items():
+            setattr(getattr(out, section), k, v)
+    return out
+
+
+def reference_outputs(cfg: RunConfig, requests: list[int]) -> dict[int, torch.Tensor]:
+    """The oracle's final hidden states per request, float64, on the run's device."""
+    device = resolve_device(cfg.runtime.device)
+    dtype = resolve_dtype(cfg.runtime.dtype, device)
+    stack = AttentionStack(cfg.model, single_process(device), cfg.runtime.max_len, dtype, device)
+    fill_weights(stack, cfg.model.checkpoint, cfg.runtime.seed)
+    # The oracle sees the run's weights exactly (already rounded to the run's dtype), in float64.
+    w = {k: v.double() for k, v in full_tensors(stack).items()}
+    del stack
+    workload = build_workload(cfg)
+    out = {}
+    with torch.no_grad():
+        for r in workload.requests:
+            if r.id in requests:
+                x = workload.request_inputs(r, device, dtype).double()
+                out[r.id] = reference_stack(x, w, cfg.model).cpu()
+    return out
+
+
+def run_check(cfg: RunConfig) -> dict:
+    main = launch(cfg, keep_outputs=True)
+    eager1 = _variant(cfg, parallel={"tp": 1, "launcher": "local"}, graph={"mode": "eager"})
+    tp1 = in_process(eager1, keep_outputs=True)
+    oneshot = in_process(eager1, oneshot=True, keep_outputs=True)
+    tol = TOLERANCES[main.dtype]
+    errs = {
+        "tp_vs_tp1": max_rel_err(main.outputs, tp1.outputs),
+        "incremental_vs_oneshot": max_rel_err(tp1.outputs, oneshot.outputs),
+        "vs_reference": max_rel_err(main.outputs, reference_outputs(cfg, list(main.outputs))),
+    }
+    if cfg.graph.mode == "breakable" and main.graph.get("captured"):
+        eager = launch(_variant(cfg, graph={"mode": "eager"}), keep_outputs=True)
+        # Replay runs the very kernels of the eager path on the same shapes but for padding rows,
+        # so only reduction-order differences of padded GEMMs remain: well inside bf16 rounding.
+        errs["graph_vs_eager"] = max_rel_err(main.outputs, eager.outputs)
+    comparisons = {k: {"max_rel_err": v, "tol": tol, "ok": bool(v <= tol)} for k, v in errs.items()}
+    return {
+        "command": "check",
+        "ok": all(c["ok"] for c in comparisons.values()),
+        "tp": cfg.parallel.tp,
+        "launcher": cfg.parallel.launcher,
+        "device": main.device,
+        "dtype": main.dtype,
+        "graph_mode": "breakable" if main.graph.get("captured") else "eager",
+        "break_scope": cfg.graph.break_scope,
+        "requests": len(main.outputs),
+        "rejected": [r.reason for r in main.rejected],
+        "comparisons": comparisons,
+    }

@@ -1,0 +1,1 @@
+"""Weights: the shard table (specs.py), seeded fill, checkpoint format, reading and writing, FP8 blocks."""
