@@ -2,7 +2,8 @@
 # GPU correctness pass: the gpu-marked tests and `tp-runtime check` on tiny and Flash dimensions,
 # eager and with breakable graphs (both scopes), tp = 1 and tp = 2 when two GPUs exist.
 # Usage (from the repository root, on a machine with GPUs):  benchmarks/gpu_checks.sh [OUT_DIR]
-# PYTEST_ARGS="tests/test_graphs_gpu.py ..." runs a subset of the GPU tests; SKIP_PYTEST=1 none.
+# PYTEST_ARGS="tests/test_graphs_gpu.py ..." runs a subset of the GPU tests; SKIP_PYTEST=1 none;
+# CHECKS="flash_tp1_full ..." runs only the named checks.
 # Logs and the JSON lines land in OUT_DIR (default: $OUT or out/gpu_checks).
 set -uo pipefail
 out=${1:-${OUT:-out/gpu_checks}}
@@ -22,6 +23,7 @@ ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 
 check() {  # check NAME ARGS...: one `tp-runtime check`, its summary to the log, JSON to checks.jsonl
   local name=$1; shift
+  [ -n "${CHECKS:-}" ] && [[ " $CHECKS " != *" $name "* ]] && return 0
   echo "== check $name: $*" | tee -a "$out/checks.log"
   timeout 900 python3 -m tp_runtime.cli check "$@" 2>"$out/$name.err" | tee -a "$out/checks.log" | tail -1 \
     | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d['name']='$name'; print(json.dumps(d))" \
@@ -37,6 +39,8 @@ fi
 flash=(configs/v4_flash.yaml model.layers=2-5 workload.requests=4 "workload.prompt_len=[130, 700]"
        "workload.decode_len=[8, 24]" runtime.max_len=1024 runtime.max_seqs=4 runtime.max_tokens_per_step=256)
 check tiny_tp1_hoisted configs/tiny.yaml parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
+check tiny_tp1_full configs/tiny.yaml parallel.tp=1 graph.mode=full_and_breakable graph.break_scope=narrow
+check flash_tp1_full "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable graph.break_scope=narrow
 check flash_tp1_hoisted "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
 check flash_tp1_narrow "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow
 if [ "$ngpu" -ge 2 ]; then
@@ -44,5 +48,6 @@ if [ "$ngpu" -ge 2 ]; then
   check flash_tp2_hoisted "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted
   check flash_tp2_narrow "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=narrow
   check flash_tp2_eager "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=eager
+  check flash_tp2_full "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=full_and_breakable
 fi
 echo "== summary"; cat "$out/checks.log" | grep -E "^(==|  [a-z_0-9]+ +max_rel_err|check .* FAILED)"

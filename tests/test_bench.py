@@ -223,15 +223,19 @@ def test_roofline_weights_match_the_specs_flash_figures():
 
 def test_scaling_sweep_config_is_the_h200_grid():
     sweep = load_sweep(ROOT / "configs" / "bench_scaling.yaml")
-    assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow"]
+    assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow",
+                                                      "full", "full_and_breakable"]
     assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
     cfg = sweep.worker_config(4, sweep.variants()[0], "breakable-hoisted")
     assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 43)
     assert cfg.graph.capture_sizes == [128, 32, 8, 1] and cfg.parallel.launcher == "local"
-    # The four modes' lanes continue the same sequences: headroom for all of their steps and chunks.
+    # The six modes' lanes continue the same sequences: headroom for all of their steps and chunks.
     s = sweep.bench
-    per_mode = s.warmup_steps + s.repeats * s.timed_steps + s.break_steps + (1 + s.prefill_steps) * s.prefill_chunk
-    assert cfg.runtime.max_len == 32768 + sweep.headroom() == 32768 + 4 * per_mode
+    per_mode = (s.warmup_steps + s.repeats * s.timed_steps + s.break_steps + s.profile_steps
+                + (1 + s.prefill_steps) * s.prefill_chunk)
+    assert cfg.runtime.max_len == 32768 + sweep.headroom() == 32768 + 6 * per_mode
+    full = sweep.worker_config(1, sweep.variants()[0], "full_and_breakable")
+    assert (full.graph.mode, full.graph.break_scope) == ("full_and_breakable", "narrow")
 
 
 # ------------------------------------------------------------------ cache seeding vs real prefill
@@ -364,21 +368,26 @@ def test_gpu_tiny_sweep_all_modes(tmp_path, capsys):
     """Graph modes replay, breaks are timed by events, comparisons come out; tp 2 when 2 GPUs exist."""
     tps = "[1,2]" if torch.cuda.device_count() >= 2 else "[1]"
     rc = cli_main(["bench", str(TINY_SWEEP), "runtime.device=cuda", f"grid.parallel.tp={tps}",
-                   "grid.modes=[eager,breakable-wide,breakable-hoisted]", f"bench.output={tmp_path}"])
+                   "grid.modes=[eager,breakable-wide,breakable-hoisted,breakable-narrow,full,full_and_breakable]",
+                   f"bench.output={tmp_path}"])
     assert rc == 0
     _last_json(capsys.readouterr().out)
     points = read_jsonl(tmp_path / "tiny" / "points.jsonl")
     comps = read_jsonl(tmp_path / "tiny" / "comparisons.jsonl")
     for p in points:
         assert p["timer"] == "cuda_events" and p["outputs_finite"] and p["copy_GBps"] > 100
-        if p["mode"] != "eager":
+        assert p["kernels_per_step"] > p["layers"] and 0 < p["gpu_busy_ms"] < p["step_ms_median"] * 1.05
+        if p["mode"].startswith("breakable"):
             assert p["graph_captured"] and p["replayed_fraction"] == 1.0
             assert p["eager_breaks_per_step"] == p["layers"] and 0 < p["break_fraction"] <= 1.0
             assert 0 < p["break_host_fraction"] <= 1.0
+        if p["mode"].startswith("full"):
+            assert p["graph_captured"] and p["replayed_fraction"] == 1.0
+            assert p["eager_breaks_per_step"] == 0 and p["break_fraction"] == 0.0
         if p["tp"] == 2:
             assert p["allreduce_ms_graph"] > 0
     whats = {c["what"] for c in comps}
-    assert {"graphs_vs_eager", "hoisted_vs_wide", "prefill_vs_seeded"} <= whats
+    assert {"graphs_vs_eager", "hoisted_vs_wide", "full_vs_narrow", "prefill_vs_seeded"} <= whats
 
 
 @pytest.mark.gpu

@@ -39,8 +39,8 @@ def _pair(*overrides: str):
 @pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])
 def test_replay_matches_eager_for_every_size(scope):
     cfg, graph, eager = _pair(f"graph.break_scope={scope}", *MANY)
-    assert graph.graph["captured"] and graph.graph["eager_breaks_per_step"] == 6  # one per layer
-    assert graph.graph["segments_per_step"] == 7
+    assert graph.graph["breakable"]["eager_breaks_per_step"] == 6  # one per layer
+    assert graph.graph["breakable"]["segments_per_step"] == 7
     assert graph.replays_by_size == _expected_replays(cfg)  # each step padded to the next size
     assert len(graph.replays_by_size) >= 5
     assert graph.steps > graph.replayed_steps > 0  # 96-token steps exceed the largest size: eager

@@ -130,7 +130,9 @@ class WorkloadConfig:
 
 @dataclass
 class GraphConfig:
-    mode: str = field(default="eager", metadata=_choices("eager", "breakable"))
+    # eager | breakable (every step a breakable graph) | full (decode-only steps one full graph each, the
+    # rest eager) | full_and_breakable (full graphs for decode-only steps, breakable graphs for the rest)
+    mode: str = field(default="eager", metadata=_choices("eager", "breakable", "full", "full_and_breakable"))
     break_scope: str = field(default="hoisted", metadata=_choices("wide", "hoisted", "narrow"))
     capture_sizes: list[int] = field(default_factory=lambda: [64, 32, 16, 8, 4, 2, 1])
 

@@ -10,7 +10,8 @@ next positions. Per point:
 
     fill caches once per shard (seeded rows) -> warm-up steps ->
     `repeats` x (each lane `timed_steps` decode steps, lanes interleaved A B A B ...) ->
-    steps timed with per-break events -> prefill chunks -> all-reduce of [batch, hidden] -> records
+    steps timed with per-break events -> steps under the profiler (kernels, GPU busy time) ->
+    prefill chunks -> all-reduce of [batch, hidden] -> records
 
 The prefill check (one point per group: the smallest batch and context) runs each mode twice,
 interleaved, on two sets of slots of the same shard: one filled with seeded rows, one by the real
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, copy_bandwidth, flat, ratio_stats, summarize_ms
+from tp_runtime.bench.profile import profile_steps
 from tp_runtime.bench.roofline import model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import BenchSettings
 from tp_runtime.config import config_from_dict
@@ -179,9 +181,8 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
 def _release(lanes: list[Lane]) -> None:
     """Free graphs and memory of a group's Workers; the process group stays for the next group."""
     for lane in lanes:
-        if lane.worker is not None and lane.worker.graphs is not None:
-            lane.worker.graphs.close()
-            lane.worker.graphs = None
+        if lane.worker is not None:
+            lane.worker.release_graphs()
         lane.worker = None
     gc.collect()
     if torch.cuda.is_available():
@@ -237,6 +238,7 @@ class Measured:
     lanes: list[Lane]  # the lanes that get records (breaks and prefill measured too)
     steps: dict[str, list[list[float]]]  # lane name -> per repeat, per step ms
     breaks: dict[str, dict | None]
+    profiles: dict[str, dict]
     prefill: dict[str, list[float]]
     allreduce: dict
     per_rank: list[dict[str, float]] | None  # rank -> lane name -> median step ms (rank 0 only)
@@ -259,16 +261,17 @@ def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int,
     if recorded is None:
         recorded = [lane for lane in lanes if not lane.baseline]
     breaks = {lane.name: _break_ms(lane, batch, s) for lane in recorded}
+    profiles = {lane.name: _profile(lane, batch, s) for lane in recorded}
     prefill = {lane.name: _prefill_ms(lane, s) for lane in recorded}
     hidden, dtype = recorded[0].worker.cfg.model.hidden_size, recorded[0].worker.dtype
     ar = env.allreduce(batch, hidden, dtype)
     per_rank = env.tp.gather_to_driver({n: statistics.median(flat(steps[n])) for n in breaks})
-    return Measured(recorded, steps, breaks, prefill, ar, per_rank)
+    return Measured(recorded, steps, breaks, profiles, prefill, ar, per_rank)
 
 
 def _records(env: BenchEnv, m: Measured, point: dict) -> list[dict]:
-    return [_record(env, lane, point, m.steps[lane.name], m.breaks[lane.name], m.prefill[lane.name], m.allreduce,
-                    [r[lane.name] for r in m.per_rank]) for lane in m.lanes]
+    return [_record(env, lane, point, m.steps[lane.name], m.breaks[lane.name], m.profiles[lane.name],
+                    m.prefill[lane.name], m.allreduce, [r[lane.name] for r in m.per_rank]) for lane in m.lanes]
 
 
 def _fill(lane: Lane, batch: int, context: int, s: BenchSettings) -> None:
@@ -301,11 +304,11 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
         if on_break is not None:
             on_break.next_step()
         t0, h0 = timer.now(), time.perf_counter()
-        out, replayed = w.step(plan, x, on_break)
+        out, run = w.step(plan, x, on_break)
         timer.stop(t0)
         if on_break is not None:
             on_break.step_done((time.perf_counter() - h0) * 1e3)
-        lane.replayed += int(replayed is not None)
+        lane.replayed += int(run.size is not None)
         outs.append(out.isfinite().all())  # static output buffer: check before the next step
     lane.seqs.pos += n
     durations = timer.durations_ms()
@@ -315,8 +318,9 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
 
 def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
     """Median eager-break time per step (device timeline and host clock) and the step time of the same
-    steps (device timeline and host clock)."""
-    if lane.worker.graphs is None or s.break_steps == 0:
+    steps (device timeline and host clock); None where decode steps replay no breakable graph."""
+    w = lane.worker
+    if w.breakable_graphs is None or w.static_decode or s.break_steps == 0:
         return None
     bt = BreakTimer(lane.worker.device)
     replayed0 = lane.replayed
@@ -325,6 +329,14 @@ def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
     return {"break_ms": statistics.median(bt.per_step_ms()), "step_ms": statistics.median(step_ms),
             "break_host_ms": statistics.median(bt.per_step_ms(host=True)),
             "step_host_ms": statistics.median(bt.step_host_ms), "calls_per_step": bt.calls / max(1, s.break_steps)}
+
+
+def _profile(lane: Lane, batch: int, s: BenchSettings) -> dict:
+    """Kernels per step and GPU busy ms of profile_steps extra decode steps (kept out of the step times)."""
+    replayed0 = lane.replayed
+    prof = profile_steps(lambda: _decode(lane, batch, s.profile_steps, s.seed), s.profile_steps, lane.worker.device)
+    lane.replayed = replayed0
+    return prof
 
 
 def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
@@ -348,7 +360,7 @@ def _prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
 # ------------------------------------------------------------------ records
 
 
-def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], brk: dict | None,
+def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], brk: dict | None, prof: dict,
             prefill: list[float], ar: dict, per_rank: list[float]) -> dict:
     w, s, m = lane.worker, env.s, env.machine
     cfg = w.cfg
@@ -362,7 +374,8 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     rec = {"kind": "point", "name": env.name, **point, "cache_fill": lane.seqs.fill,
            "first_slot": lane.seqs.first_slot, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
            "graph_mode": cfg.graph.mode, "break_scope": cfg.graph.break_scope,
-           "graph_captured": w.graphs is not None, "replayed_fraction": lane.replayed / n_timed,
+           "graph_captured": bool(w.graph_sets), "replayed_fraction": lane.replayed / n_timed,
+           "graphs": {g.kind: g.stats() for g in w.graph_sets},
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
@@ -371,7 +384,10 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "step_ms_max": st["max"], "step_ms_repeats": [statistics.median(r) for r in steps],
            "step_ms_ranks": per_rank, "decode_tokens_per_s": batch / (st["median"] / 1e3),
            "outputs_finite": lane.finite}
-    rec.update(_break_fields(brk, st["median"]))
+    rec.update(_break_fields(brk, st["median"], full=w.full_graphs is not None and lane.replayed > 0))
+    busy = prof["gpu_busy_ms"]
+    rec.update(prof, step_vs_gpu_busy=st["median"] / busy if busy else None,
+               profile_source="torch profiler (CUPTI), separate untimed steps" if busy is not None else None)
     pre = statistics.median(prefill) if prefill else None
     rec.update({"prefill_chunk": s.prefill_chunk, "prefill_ms_median": pre,
                 "prefill_tokens_per_s": s.prefill_chunk / (pre / 1e3) if pre else None,
@@ -388,7 +404,10 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     return rec
 
 
-def _break_fields(brk: dict | None, step_median: float) -> dict:
+def _break_fields(brk: dict | None, step_median: float, full: bool) -> dict:
+    if full:  # decode steps replay one full graph: nothing runs eagerly
+        return {"break_ms_median": 0.0, "break_fraction": 0.0, "break_host_fraction": 0.0,
+                "eager_breaks_per_step": 0, "break_source": "full graph (no eager break)"}
     if brk is None:  # no captured graph: the whole step runs eagerly
         return {"break_ms_median": step_median, "break_fraction": 1.0, "break_host_fraction": 1.0,
                 "eager_breaks_per_step": None, "break_source": "whole step (eager, no captured graph)"}
@@ -400,9 +419,12 @@ def _break_fields(brk: dict | None, step_median: float) -> dict:
             "break_source": "on_break: CUDA events and host clock around each eager call (separate steps)"}
 
 
-_PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted", "breakable-narrow")] + [
+_PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable-hoisted", "breakable-narrow", "full",
+                                                   "full_and_breakable")] + [
     ("hoisted_vs_wide", "breakable-hoisted", "breakable-wide"),
-    ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted")]
+    ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted"),
+    ("full_vs_narrow", "full", "breakable-narrow"),
+    ("full_vs_narrow", "full_and_breakable", "breakable-narrow")]
 
 
 def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:

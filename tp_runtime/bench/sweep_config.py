@@ -32,7 +32,8 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
-         "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow")}
+         "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
+         "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
 RUN_AXES = ("runtime.dtype",)  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
@@ -45,6 +46,7 @@ class BenchSettings:
     timed_steps: int = 10  # decode steps per repeat
     repeats: int = 5  # interleaved repeats: A B A B ... with timed_steps each
     break_steps: int = 2  # extra steps timed with per-break events (kept out of the step times)
+    profile_steps: int = 2  # extra steps under the torch profiler: kernels per step, GPU busy ms (0: off)
     prefill_chunk: int = 256  # tokens of the timed prefill chunk (one sequence)
     prefill_steps: int = 2  # timed prefill chunks per point, after one untimed chunk
     allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
@@ -87,7 +89,8 @@ class SweepConfig:
         """Positions a point adds past its context: warm-up, repeats, break steps and prefill chunks of
         every mode (the modes' lanes continue the same sequences)."""
         b = self.bench
-        per_mode = b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + (1 + b.prefill_steps) * b.prefill_chunk
+        per_mode = (b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + b.profile_steps
+                    + (1 + b.prefill_steps) * b.prefill_chunk)
         return len(self.modes) * per_mode
 
     def worker_config(self, tp: int, variant: tuple[tuple[str, Any], ...], mode: str) -> RunConfig:
@@ -221,7 +224,7 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
     for name in ("timed_steps", "repeats", "prefill_chunk", "allreduce_iters", "copy_mib"):
         if getattr(b, name) < 1:
             raise ConfigError(f"{src}: 'bench.{name}' must be >= 1, got {getattr(b, name)}")
-    for name in ("warmup_steps", "break_steps", "prefill_steps"):
+    for name in ("warmup_steps", "break_steps", "profile_steps", "prefill_steps"):
         if getattr(b, name) < 0:
             raise ConfigError(f"{src}: 'bench.{name}' must be >= 0, got {getattr(b, name)}")
     for tp in sweep.tps:  # every Worker config must be valid before any rank starts

@@ -27,33 +27,51 @@ class StepBuffers:
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self.index = plan.compute(*self.meta, trash=trash_slot)  # static: recomputed in place each step
 
-    def load(self, plan: StepPlan, x: torch.Tensor, n_padded: int) -> StepBatch:
-        """Copy one step's inputs x [T, hidden] and metadata in; pad to n_padded tokens."""
+    def load(self, plan: StepPlan, x: torch.Tensor, n_padded: int, index: bool = True) -> StepBatch:
+        """Copy one step's inputs x [T, hidden] and metadata in; pad to n_padded tokens.
+
+        index=False leaves the step index to the caller: a full graph computes it from the metadata
+        buffers inside the graph (`compute_index`), so a replayed step costs only these copies.
+        """
         n = plan.n_tokens
         if not n <= n_padded <= self.capacity:
             raise ValueError(f"step of {n} tokens padded to {n_padded} exceeds buffer capacity {self.capacity}")
         if x.shape != (n, self.x.shape[1]):
             raise ValueError(f"step input has shape {tuple(x.shape)}, expected ({n}, {self.x.shape[1]})")
-        h = self._host
         if self._copied is not None:
-            self._copied.synchronize()
-        h[:, :n_padded] = 0
-        h[0, :n_padded] = self.trash_slot
-        i = 0
-        for c in plan.chunks:
-            j = i + c.length
-            h[0, i:j] = c.slot
-            h[1, i:j] = torch.arange(c.start, c.start + c.length)
-            h[2, i:j], h[3, i:j], h[4, i:j] = i, c.start, c.start + c.length - 1
-            i = j
-        self.meta[:, :n_padded].copy_(h[:, :n_padded], non_blocking=True)
+            self._copied.synchronize()  # the previous step's copy has left the pinned rows
+        self._host[:, :n_padded] = self._host_rows(plan, n_padded)
+        self.meta[:, :n_padded].copy_(self._host[:, :n_padded], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        self.index.assign(self.plan.compute(*self.meta[:, :n_padded], trash=self.trash_slot))
+        if index:
+            self.compute_index(n_padded)
         self.x[:n].copy_(x)
         self.x[n:n_padded].zero_()
         max_pos = max((c.start + c.length - 1 for c in plan.chunks), default=0)
         return self.view(n_padded, n, max_pos)
+
+    def _host_rows(self, plan: StepPlan, n_padded: int) -> torch.Tensor:
+        """Metadata rows [5, n_padded] of a plan, built as Python lists (one tensor, not 5 ops per chunk);
+        padding tokens: trash slot, position 0, a chunk of their own."""
+        rows: list[list[int]] = [[], [], [], [], []]
+        i = 0
+        for c in plan.chunks:
+            rows[0] += [c.slot] * c.length
+            rows[1] += range(c.start, c.start + c.length)
+            rows[2] += [i] * c.length
+            rows[3] += [c.start] * c.length
+            rows[4] += [c.start + c.length - 1] * c.length
+            i += c.length
+        pad = n_padded - i
+        for r, v in zip(rows, (self.trash_slot, 0, 0, 0, 0)):
+            r += [v] * pad
+        return torch.tensor(rows, dtype=torch.long)
+
+    def compute_index(self, n_padded: int) -> None:
+        """The step index of the first n_padded tokens, from the metadata buffers into the static index
+        (device work only: capturable)."""
+        self.index.assign(self.plan.compute(*self.meta[:, :n_padded], trash=self.trash_slot))
 
     def view(self, n_padded: int, n_tokens: int, max_pos: int) -> StepBatch:
         """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""

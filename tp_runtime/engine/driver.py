@@ -15,7 +15,7 @@ import torch
 from tp_runtime.engine.plan import StepPlan
 from tp_runtime.engine.scheduler import Rejection, Scheduler
 from tp_runtime.engine.timing import StepTimer
-from tp_runtime.engine.worker import Worker
+from tp_runtime.engine.worker import StepRun, Worker
 from tp_runtime.engine.workload import build_workload, write_dump
 
 
@@ -26,6 +26,7 @@ class RunResult:
     decode_tokens: int = 0
     replayed_steps: int = 0
     replays_by_size: dict[int, int] = field(default_factory=dict)
+    steps_by_path: dict[str, int] = field(default_factory=dict)  # "full" | "breakable" | "eager" -> steps
     wall_s: float = 0.0
     step_ms: list[float] = field(default_factory=list)
     decode_step_ms: list[float] = field(default_factory=list)
@@ -58,10 +59,10 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     while (plan := _next_plan(sched, tp, rt.max_seqs)) is not None:
         x = workload.step_inputs(plan, worker.device, worker.dtype)
         t0 = timer.now()
-        out, size = worker.step(plan, x)
+        out, run = worker.step(plan, x)
         timer.stop(t0)
         decode_steps.append(plan.decode_only)
-        _count(res, plan, size)
+        _count(res, plan, run)
         if sched is not None:
             checksum += out.double().abs().sum()
             if keep:
@@ -92,11 +93,12 @@ def _next_plan(sched: Scheduler | None, tp, capacity: int) -> StepPlan | None:
     return None if int(wire[0]) < 0 else StepPlan.decode_wire(wire)
 
 
-def _count(res: RunResult, plan: StepPlan, replayed_size: int | None) -> None:
+def _count(res: RunResult, plan: StepPlan, run: StepRun) -> None:
     res.steps += 1
-    if replayed_size is not None:
+    res.steps_by_path[run.path] = res.steps_by_path.get(run.path, 0) + 1
+    if run.size is not None:
         res.replayed_steps += 1
-        res.replays_by_size[replayed_size] = res.replays_by_size.get(replayed_size, 0) + 1
+        res.replays_by_size[run.size] = res.replays_by_size.get(run.size, 0) + 1
     for c in plan.chunks:
         if c.decode:
             res.decode_tokens += c.length
@@ -113,9 +115,5 @@ def _collect(parts: dict[int, list[torch.Tensor]], plan: StepPlan, out: torch.Te
 
 
 def _graph_stats(worker: Worker) -> dict:
-    g = worker.graphs
-    if g is None:
-        return {"captured": False}
-    return {"captured": True, "capture_sizes": g.sizes, "capture_s": g.capture_s,
-            "segments_per_step": g.segments_per_step, "eager_breaks_per_step": g.breaks_per_step,
-            "graph_pool_bytes": g.pool_bytes}
+    """Per graph kind ("full", "breakable") its capture sizes, capture seconds, segments, breaks, pool bytes."""
+    return {g.kind: g.stats() for g in worker.graph_sets}

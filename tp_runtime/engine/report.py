@@ -17,7 +17,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "launcher": cfg.parallel.launcher,
         "device": res.device,
         "dtype": res.dtype,
-        "graph_mode": cfg.graph.mode if g.get("captured") else "eager",
+        "graph_mode": cfg.graph.mode if g else "eager",
         "graph_mode_requested": cfg.graph.mode,
         "break_scope": cfg.graph.break_scope,
         "layers": len(cfg.model.layer_ids()),
@@ -31,13 +31,15 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "decode_step_ms_median": res.decode_step_ms_median,
         "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
         "output_checksum": res.output_checksum,
-        "capture_sizes": g.get("capture_sizes", []),
-        "capture_s": g.get("capture_s", 0.0),
-        "segments_per_step": g.get("segments_per_step", 0),
-        "eager_breaks_per_step": g.get("eager_breaks_per_step", 0),
-        "graph_pool_bytes": g.get("graph_pool_bytes", 0),
+        "capture_sizes": sorted({s for k in g.values() for s in k["capture_sizes"]}, reverse=True),
+        "capture_s": sum(k["capture_s"] for k in g.values()),
+        "segments_per_step": max((k["segments_per_step"] for k in g.values()), default=0),
+        "eager_breaks_per_step": max((k["eager_breaks_per_step"] for k in g.values()), default=0),
+        "graph_pool_bytes": sum(k["graph_pool_bytes"] for k in g.values()),
+        "graphs": g,  # per kind ("full", "breakable"): capture_sizes, capture_s, segments, breaks, pool bytes
         "replayed_fraction": res.replayed_steps / res.steps if res.steps else 0.0,
         "eager_steps": res.steps - res.replayed_steps,
+        "steps_by_path": res.steps_by_path,  # full (the static decode path, replayed or eager) | breakable | eager
         "replays_by_size": {str(k): v for k, v in sorted(res.replays_by_size.items())},
     }
     rec.update({f"load_{k}": v for k, v in res.load.items()})
@@ -53,10 +55,12 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
           f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
     for reason in rec["rejected"]:
         print(f"  rejected: {reason}")
-    if rec["segments_per_step"]:
-        print(f"  graphs: {rec['segments_per_step']} segments + {rec['eager_breaks_per_step']} eager breaks per step, "
-              f"{rec['replayed_fraction']:.0%} of steps replayed, capture {rec['capture_s']:.2f} s, "
-              f"pool {rec['graph_pool_bytes'] / 2**20:.1f} MiB")
+    for kind, k in rec["graphs"].items():
+        print(f"  {kind} graphs: {k['segments_per_step']} segments + {k['eager_breaks_per_step']} eager breaks per step, "
+              f"capture {k['capture_s']:.2f} s, pool {k['graph_pool_bytes'] / 2**20:.1f} MiB")
+    if rec["graphs"] or rec["steps_by_path"].get("full"):
+        paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
+        print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")
     print(f"  wall {rec['wall_s']:.3f} s, {rec['tokens_per_s'] or 0:.1f} tokens/s, decode step median "
           f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {rec['output_checksum']:.6f}")
     print(json.dumps(rec), flush=True)

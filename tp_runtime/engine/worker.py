@@ -1,7 +1,18 @@
 """Worker: one rank's lifecycle, read top to bottom in the constructor, and its `step`.
 
     join the TP group -> build the model shard (stack slice, weights, caches, static buffers; shard.py)
-    -> warm NCCL eagerly -> capture breakable graphs (GPU, graph.mode=breakable)
+    -> warm NCCL eagerly -> capture graphs (GPU): full graphs of the decode step and / or breakable graphs
+
+How a step runs (`graph.mode`), decided from the plan alone, so every rank takes the same path:
+
+    decode-only step of mode full / full_and_breakable   the static decode path (every size from the
+                                                         config): the full graph of the smallest capture
+                                                         size holding it, else (CPU, too many tokens)
+                                                         the same path eagerly, or for
+                                                         full_and_breakable as any other step
+    any other step                                       the breakable graph of the smallest capture
+                                                         size holding it (breakable, full_and_breakable),
+                                                         else eagerly
 
 Every launcher runs it through `entry.worker_entry`.
 """
@@ -11,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +31,16 @@ from tp_runtime.engine.plan import StepPlan
 from tp_runtime.engine.shard import ModelShard
 from tp_runtime.engine.step_graphs import StepGraphs
 from tp_runtime.parallel.group import TPGroup, shutdown, warm_up_collectives
+
+FULL_MODES = ("full", "full_and_breakable")  # decode-only steps take the static (full-graph) path
+BREAKABLE_MODES = ("breakable", "full_and_breakable")
+
+
+class StepRun(NamedTuple):
+    """How one step ran."""
+
+    path: str  # "full" (the static decode path), "breakable" or "eager"
+    size: int | None  # the capture size replayed; None when the step ran eagerly
 
 
 class Worker:
@@ -30,60 +52,96 @@ class Worker:
             shard.check_serves(cfg, tp, oneshot)
         self.cfg, self.tp, self.device, self.shard = cfg, tp, tp.device, shard
         self.break_scope = cfg.graph.break_scope
+        self.static_decode = cfg.graph.mode in FULL_MODES
         self.dtype, self.stack, self.caches = shard.dtype, shard.stack, shard.caches
         self.buffers, self.attn_out, self.live, self.load_report = (shard.buffers, shard.attn_out, shard.live,
                                                                     shard.load_report)
         warm_up_collectives(tp)
-        self.graphs = self._capture_graphs() if self._graphs_wanted() else None
+        self.full_graphs: StepGraphs | None = None
+        self.breakable_graphs: StepGraphs | None = None
+        if self._graphs_wanted():
+            self._capture_graphs()
 
     # ------------------------------------------------------------ lifecycle
 
     def _graphs_wanted(self) -> bool:
-        if self.cfg.graph.mode != "breakable":
+        mode = self.cfg.graph.mode
+        if mode == "eager":
             return False
         if self.device.type != "cuda":
-            warnings.warn("graph.mode=breakable needs a CUDA device; this run is on CPU and runs eagerly "
-                          "(the same code path, without capture)", stacklevel=2)
+            warnings.warn(f"graph.mode={mode} needs a CUDA device; this run is on CPU and runs eagerly "
+                          "(the same code paths, without capture)", stacklevel=2)
             return False
         return True
 
-    def _capture_graphs(self) -> StepGraphs:
-        graphs = StepGraphs([s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity], self.device)
-        # Capture on an all-padding step (trash slot, zero inputs): no real cache row is touched.
-        # The buffers are filled here, outside the capture: a copy captured into a segment would
-        # rerun at every replay and overwrite the live step's inputs.
+    def _capture_graphs(self) -> None:
+        """Full graphs first (largest size first), then breakable ones, all in one memory pool."""
+        mode, sizes = self.cfg.graph.mode, [s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity]
+        pool = torch.cuda.graph_pool_handle()
+        # Capture on an all-padding step (trash slot, position 0, zero inputs): no real cache row is
+        # touched, and every length a kernel reads is valid. The buffers are filled here, outside the
+        # capture: a copy captured into a graph would rerun at every replay and overwrite the live inputs.
         no_rows = torch.zeros(0, self.cfg.model.hidden_size, dtype=self.dtype, device=self.device)
         self.buffers.load(StepPlan(()), no_rows, self.buffers.capacity)
         with torch.no_grad():
-            graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0)))
-        return graphs
+            if mode in FULL_MODES:
+                self.full_graphs = StepGraphs(sizes, self.device, full=True, pool=pool)
+                self.full_graphs.capture(self._forward_full)
+            if mode in BREAKABLE_MODES:
+                self.breakable_graphs = StepGraphs(sizes, self.device, full=False, pool=pool)
+                scope = self.break_scope
+                self.breakable_graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0), scope))
+
+    @property
+    def graph_sets(self) -> list[StepGraphs]:
+        return [g for g in (self.full_graphs, self.breakable_graphs) if g is not None]
+
+    def release_graphs(self) -> None:
+        """Drop every captured graph (before the process group goes, and when a bench frees a Worker)."""
+        for g in self.graph_sets:
+            g.close()
+        self.full_graphs = self.breakable_graphs = None
 
     def close(self) -> None:
         """Free graphs, then leave the process group (the reverse order hangs NCCL)."""
-        release = self.graphs.close if self.graphs is not None else None
-        self.graphs = None
-        shutdown(self.tp, release)
+        shutdown(self.tp, self.release_graphs if self.graph_sets else None)
 
     # ------------------------------------------------------------ one step
 
-    def _forward(self, batch) -> torch.Tensor:
+    def _forward(self, batch, break_scope: str | None) -> torch.Tensor:
         self.live.batch = batch
-        return self.stack(batch.x, self.live, self.caches, self.attn_out, self.break_scope)
+        return self.stack(batch.x, self.live, self.caches, self.attn_out, break_scope)
+
+    def _forward_full(self, size: int) -> torch.Tensor:
+        """The static decode step a full graph holds: the step index from the metadata buffers, then every
+        layer, without a break, on a batch whose sizes come from the config alone."""
+        self.buffers.compute_index(size)
+        return self._forward(self.buffers.view(size, size, self.cfg.runtime.max_len - 1), None)
 
     @torch.no_grad()
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, int | None]:
-        """Run one step; returns final hidden states [n_tokens, hidden] and the replayed capture size
-        (None when the step ran eagerly).
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, StepRun]:
+        """Run one step; returns final hidden states [n_tokens, hidden] and how it ran.
 
-        The replay-or-eager decision depends only on the plan, which every rank received from the
-        driver, so all ranks take the same one.
+        The path depends only on the plan, which every rank received from the driver, so all ranks take
+        the same one. A decode-only step of a full mode replays its full graph; where none holds it (CPU,
+        or more tokens than the largest capture size) it runs the same static path eagerly, unless the
+        mode has breakable graphs to fall back on.
         """
         n = plan.n_tokens
-        size = self.graphs.size_for(n) if self.graphs is not None else None
+        if self.static_decode and plan.decode_only:
+            size = self.full_graphs.size_for(n) if self.full_graphs is not None else None
+            if size is not None:
+                self.buffers.load(plan, x, size, index=False)
+                return self.full_graphs.replay(size)[:n], StepRun("full", size)
+            if self.breakable_graphs is None:
+                self.buffers.load(plan, x, n, index=False)
+                return self._forward_full(n)[:n], StepRun("full", None)
+        g = self.breakable_graphs
+        size = g.size_for(n) if g is not None else None
         if size is None:
-            return self._forward(self.buffers.load(plan, x, n))[:n], None
+            return self._forward(self.buffers.load(plan, x, n), self.break_scope)[:n], StepRun("eager", None)
         self.live.batch = self.buffers.load(plan, x, size)
-        return self.graphs.replay(size, on_break)[:n], size
+        return g.replay(size, on_break)[:n], StepRun("breakable", size)
 
 
 class FaultyWorker(Worker):
@@ -92,7 +150,7 @@ class FaultyWorker(Worker):
 
     steps_begun = 0
 
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, int | None]:
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, StepRun]:
         if self.steps_begun == self.cfg.parallel.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)
         self.steps_begun += 1

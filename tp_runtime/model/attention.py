@@ -7,8 +7,13 @@
 `break_scope` places the break: "wide" breaks around stages A and B (DSV4 before vLLM PR 44561);
 "hoisted" captures stage A and breaks around stage B (that change); "narrow" also captures what
 needs only device metadata (wq_b, q/kv rotary, compressors, indexer query, window ring write) and
-breaks only around top-K selection and the sparse attention. Outside CUDA-graph capture the break
-is a plain call, so the same code is the eager path.
+breaks only around top-K selection and the sparse attention; None has no break (a full graph).
+Outside CUDA-graph capture the break is a plain call, so the same code is the eager path.
+
+Stage B takes its sizes from the batch's host ints (n_tokens, max_pos). A full graph runs it on a
+static batch (`StepBuffers.view` with n_tokens = every row and max_pos = runtime.max_len - 1): every
+candidate set then has the size the caches allow (W window rows; K picks of up to max_len / 4 indexer
+keys; every one of max_len / 128 compressed rows), masked on the device by each token's live counts.
 """
 
 from __future__ import annotations
@@ -75,9 +80,11 @@ class DSV4Attention(nn.Module):
     # ------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor, live: LiveBatch, cache: LayerCache, out: torch.Tensor,
-                break_scope: str) -> torch.Tensor:
+                break_scope: str | None) -> torch.Tensor:
         """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer."""
-        if break_scope == "wide":
+        if break_scope is None:  # no break: one graph holds the whole layer
+            self.stage_b(self.stage_a(x), live, cache, out)
+        elif break_scope == "wide":
             attention_wide(self, x, live, cache, out)
         elif break_scope == "hoisted":
             attention_hoisted(self, self.stage_a(x), live, cache, out)

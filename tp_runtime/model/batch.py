@@ -29,8 +29,11 @@ class StepBatch:
     start_idx: torch.Tensor  # [T] flat index of the first token of this token's chunk
     start_pos: torch.Tensor  # [T] position of that first token
     last_pos: torch.Tensor  # [T] position of the chunk's last token
-    n_tokens: int  # real tokens (host); the step runs with len(pos) (a capture size, or n_tokens)
-    max_pos: int  # largest position in the step (host); bounds compressed candidate sets
+    # Host ints that size stage B's candidate sets (eager code and breaks). A full graph's static batch
+    # sets them from the config (n_tokens = len(pos), max_pos = runtime.max_len - 1), so nothing captured
+    # depends on a step's values.
+    n_tokens: int  # real tokens; the step runs with len(pos) (a capture size, or n_tokens)
+    max_pos: int  # largest position in the step; bounds compressed candidate sets
     ix: StepIndex  # rows, positions and rotary angles derived from the metadata (step_index.py)
 
 

@@ -47,7 +47,7 @@ class AttentionStack(nn.Module):
         return self.cfg.num_attention_heads // self.tp.size * self.cfg.head_dim
 
     def forward(self, h: torch.Tensor, live: LiveBatch, caches: list[LayerCache], out: torch.Tensor,
-                break_scope: str) -> torch.Tensor:
+                break_scope: str | None) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]. out [>=T, Hl*D] is reused by every layer's eager break."""
         o = out[: h.shape[0]]
         for blk, cache in zip(self.layers.values(), caches):

@@ -1,0 +1,76 @@
+"""Full-graph decode on a GPU: one CUDA graph per capture size holds every layer, replayed on any decode step.
+
+Run on a machine with GPUs: `pytest -m gpu tests/test_full_graph_gpu.py` (two GPUs for the tp = 2 case).
+The CPU twin (tests/test_full_decode.py) checks the same static path run eagerly against the dynamic one.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import TINY_PATH as TINY, last_json, run_cli
+from test_full_decode import DECODES, EDGES
+from tp_runtime.config import load_config
+from tp_runtime.engine.entry import in_process
+from tp_runtime.verify.check import TOLERANCES, max_rel_err, reference_outputs
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOL = TOLERANCES["float32"]  # tiny runs in float32: GEMMs of another row count may pick other kernels
+GPU_EDGES = [e for e in EDGES if e != "runtime.device=cpu"] + ["runtime.device=cuda"]
+
+
+def _with(cfg, **graph):
+    out = copy.deepcopy(cfg)
+    for k, v in graph.items():
+        setattr(out.graph, k, v)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["full", "full_and_breakable"])
+def test_replay_matches_eager_at_every_edge(mode):
+    # Captured on an all-padding step (position 0, nothing in any cache), replayed at contexts 1..510.
+    cfg = load_config(TINY, ["parallel.tp=1", f"graph.mode={mode}", "graph.capture_sizes=[8,4,2,1]", *GPU_EDGES])
+    full = in_process(cfg, keep_outputs=True)
+    # The same static path run eagerly (no capture size holds 8 tokens, no breakable graph to fall to).
+    static = in_process(_with(cfg, mode="full", capture_sizes=[1]), keep_outputs=True)
+    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    assert full.steps_by_path["full"] == max(DECODES) == full.replays_by_size.get(8, 0)
+    assert static.replayed_steps == 0 and static.steps_by_path["full"] == max(DECODES)
+    replay_err = max_rel_err(full.outputs, static.outputs)
+    print(f"full replay vs the same path eagerly: {replay_err:.3e}; vs dynamic eager: "
+          f"{max_rel_err(full.outputs, eager.outputs):.3e}")
+    assert replay_err <= TOL
+    assert max_rel_err(full.outputs, eager.outputs) <= TOL
+    assert max_rel_err(full.outputs, reference_outputs(cfg, list(full.outputs))) <= TOL
+    assert full.graph["full"]["segments_per_step"] == 1 and full.graph["full"]["eager_breaks_per_step"] == 0
+    # The one prefill step (1206 tokens) exceeds every capture size: it runs eagerly in both modes.
+    assert full.steps_by_path == {"eager": 1, "full": max(DECODES)}
+    if mode == "full_and_breakable":
+        assert full.graph["breakable"]["eager_breaks_per_step"] == len(cfg.model.layer_ids())
+
+
+def test_mixed_workload_replays_both_kinds():
+    # Many requests, short prompts: prefill chunks and decodes mix, then decode-only steps follow.
+    cfg = load_config(TINY, ["parallel.tp=1", "runtime.device=cuda", "graph.mode=full_and_breakable",
+                             "graph.break_scope=narrow", "workload.requests=12", "workload.prompt_len=[3, 90]",
+                             "workload.decode_len=[1, 40]", "runtime.max_seqs=12", "runtime.max_tokens_per_step=96",
+                             "runtime.prefill_chunk=40"])
+    run = in_process(cfg, keep_outputs=True)
+    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    paths = run.steps_by_path
+    assert paths["full"] > 0 and paths["breakable"] > 0 and paths.get("eager", 0) > 0, paths
+    assert max_rel_err(run.outputs, eager.outputs) <= TOL
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_check_full():
+    proc = run_cli(["check", TINY, "parallel.tp=2", "parallel.launcher=local", "graph.mode=full_and_breakable",
+                    *GPU_EDGES], timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = last_json(proc.stdout)
+    assert rec["ok"] and "full_vs_eager" in rec["comparisons"] and rec["steps_by_path"]["full"] > 0
