@@ -38,8 +38,8 @@ fi
 
 flash=(configs/v4_flash.yaml model.layers=2-5 workload.requests=4 "workload.prompt_len=[130, 700]"
        "workload.decode_len=[8, 24]" runtime.max_len=1024 runtime.max_seqs=4 runtime.max_tokens_per_step=256)
-check tiny_tp1_hoisted configs/tiny.yaml parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
-check tiny_tp1_full configs/tiny.yaml parallel.tp=1 graph.mode=full_and_breakable graph.break_scope=narrow
+check tiny_tp1_hoisted configs/tiny.yaml parallel.tp=1 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted
+check tiny_tp1_full configs/tiny.yaml parallel.tp=1 parallel.launcher=local graph.mode=full_and_breakable graph.break_scope=narrow
 check flash_tp1_full "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable graph.break_scope=narrow
 check flash_tp1_hoisted "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
 check flash_tp1_narrow "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow
