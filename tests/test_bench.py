@@ -72,7 +72,10 @@ def test_tiny_sweep_local_tp1_tp2(tmp_path, capsys):
         assert 0 < p["step_ms_min"] <= p["step_ms_median"] <= p["step_ms_p90"] <= p["step_ms_max"]
         assert len(p["step_ms_repeats"]) == 2 and len(p["step_ms_ranks"]) == p["tp"]
         assert p["roofline_ratio"] == pytest.approx(p["step_ms_median"] / p["roofline_model_ms"])
+        # The roofline divides by the higher of the two measured ceilings, and records both.
+        assert p["copy_GBps"] > 0 and p["read_GBps"] > 0 and p["roofline_GBps"] == max(p["copy_GBps"], p["read_GBps"])
         assert p["break_fraction"] == 1.0  # eager: the whole step is the eager region
+        assert p["kernels_per_step"] is None and p["gpu_busy_ms"] is None  # no CUDA profiler on a CPU
         assert p["prefill_tokens_per_s"] > 0 and (p["allreduce_ms_eager"] > 0) == (p["tp"] == 2)
     tp_cmp = [c for c in comps if c["what"] == "tp_vs_tp1"]
     assert len(tp_cmp) == 4 and all(c["interleaved"] and c["repeats"] == 2 for c in tp_cmp)
@@ -375,7 +378,8 @@ def test_gpu_tiny_sweep_all_modes(tmp_path, capsys):
     points = read_jsonl(tmp_path / "tiny" / "points.jsonl")
     comps = read_jsonl(tmp_path / "tiny" / "comparisons.jsonl")
     for p in points:
-        assert p["timer"] == "cuda_events" and p["outputs_finite"] and p["copy_GBps"] > 100
+        assert p["timer"] == "cuda_events" and p["outputs_finite"] and p["copy_GBps"] > 100 and p["read_GBps"] > 100
+        assert p["roofline_GBps"] == max(p["copy_GBps"], p["read_GBps"]) and p["copy_bytes"] >= 2**30
         assert p["kernels_per_step"] > p["layers"] and 0 < p["gpu_busy_ms"] < p["step_ms_median"] * 1.05
         if p["mode"].startswith("breakable"):
             assert p["graph_captured"] and p["replayed_fraction"] == 1.0

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
-from tp_runtime.bench.measure import BreakTimer, allreduce_ms, copy_bandwidth, flat, ratio_stats, summarize_ms
+from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.bench.profile import profile_steps
 from tp_runtime.bench.roofline import model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import BenchSettings
@@ -147,7 +147,7 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
         info["cuda"] = torch.version.cuda
         v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    info.update(copy_bandwidth(dev, s["copy_mib"]))
+    info.update(bandwidth(dev, s["copy_mib"]))
     return info
 
 
@@ -369,7 +369,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize)
     ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
     n_layers = len(w.stack.ratios)
-    model_ms = model_seconds(nbytes.total, m["copy_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
+    model_ms = model_seconds(nbytes.total, m["roofline_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
     n_timed = s.repeats * s.timed_steps
     rec = {"kind": "point", "name": env.name, **point, "cache_fill": lane.seqs.fill,
            "first_slot": lane.seqs.first_slot, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
@@ -392,7 +392,8 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     rec.update({"prefill_chunk": s.prefill_chunk, "prefill_ms_median": pre,
                 "prefill_tokens_per_s": s.prefill_chunk / (pre / 1e3) if pre else None,
                 "allreduce_bytes": batch * cfg.model.hidden_size * w.dtype.itemsize, **ar,
-                "copy_GBps": m["copy_GBps"], "roofline_weight_bytes": nbytes.weights,
+                "copy_GBps": m["copy_GBps"], "read_GBps": m["read_GBps"], "roofline_GBps": m["roofline_GBps"],
+                "roofline_bandwidth": m["roofline_bandwidth"], "roofline_weight_bytes": nbytes.weights,
                 "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total,
                 "roofline_comm_ms": n_layers * ar_ms if tp > 1 else 0.0, "roofline_model_ms": model_ms,
                 "roofline_ratio": st["median"] / model_ms})

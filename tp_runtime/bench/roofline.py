@@ -1,5 +1,6 @@
-"""Roofline of one decode step per rank: the bytes it must read over the measured copy bandwidth,
-plus the measured all-reduce latency once per layer.
+"""Roofline of one decode step per rank: the bytes it must read over the measured bandwidth (the higher
+of a device copy and a read-only stream, both measured in the same launch: bench/measure.py), plus the
+measured all-reduce latency once per layer.
 
 Bytes read per rank and step (each counted once; activations and cache writes are a few rows and left out):
   weights  every tensor of the shard table (weights.layer_specs): this rank's share of wq_b, wo_a, wo_b
@@ -12,7 +13,7 @@ Bytes read per rank and step (each counted once; activations and cache writes ar
            is left out.)
 ctx is the number of tokens in the cache when the step runs (the decode position).
 
-    model_s = (weights + cache) / copy_bandwidth + n_layers * allreduce_latency   (tp > 1)
+    model_s = (weights + cache) / bandwidth + n_layers * allreduce_latency   (tp > 1)
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int) -> Step
     return total
 
 
-def model_seconds(nbytes: int, copy_bytes_per_s: float, n_layers: int, allreduce_s: float, tp: int) -> float:
-    """Ideal step time: every byte read once at copy bandwidth, plus one all-reduce per layer."""
+def model_seconds(nbytes: int, bytes_per_s: float, n_layers: int, allreduce_s: float, tp: int) -> float:
+    """Ideal step time: every byte read once at the measured bandwidth, plus one all-reduce per layer."""
     comm = n_layers * allreduce_s if tp > 1 else 0.0
-    return nbytes / copy_bytes_per_s + comm
+    return nbytes / bytes_per_s + comm

@@ -50,7 +50,7 @@ class BenchSettings:
     prefill_chunk: int = 256  # tokens of the timed prefill chunk (one sequence)
     prefill_steps: int = 2  # timed prefill chunks per point, after one untimed chunk
     allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
-    copy_mib: int = 256  # size of each buffer of the copy-bandwidth measurement
+    copy_mib: int = 256  # buffer of the bandwidth measurement (copy and read-only stream); >= 1024 on a GPU
     compare_tp1: bool = True  # tp > 1: rank 0 also holds tp = 1 Workers, interleaved, for speedups
     prefill_check: bool = True  # per configuration: the first point again, interleaved with a real-prefill cache
     plots: bool = True
