@@ -56,8 +56,8 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     for reason in rec["rejected"]:
         print(f"  rejected: {reason}")
     for kind, k in rec["graphs"].items():
-        print(f"  {kind} graphs: {k['segments_per_step']} segments + {k['eager_breaks_per_step']} eager breaks per step, "
-              f"capture {k['capture_s']:.2f} s, pool {k['graph_pool_bytes'] / 2**20:.1f} MiB")
+        print(f"  {kind} graphs: {k['segments_per_step']} segments + {k['eager_breaks_per_step']} eager breaks "
+              f"per step, capture {k['capture_s']:.2f} s, pool {k['graph_pool_bytes'] / 2**20:.1f} MiB")
     if rec["graphs"] or rec["steps_by_path"].get("full"):
         paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
         print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")

@@ -40,7 +40,7 @@ class StageA(NamedTuple):
 
     qr: torch.Tensor  # [T, Rq] after q_norm
     kv: torch.Tensor  # [T, D] after kv_norm
-    comp_kv: torch.Tensor | None  # [T, c*D] fp32 (r > 0)
+    comp_kv: torch.Tensor | None  # [T, c*D] fp32 (r > 0): the compressor's projections of x
     comp_score: torch.Tensor | None
     idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
     idx_kv: torch.Tensor | None  # [T, 2*Id] fp32 (r = 4)
@@ -56,6 +56,21 @@ class Prepared(NamedTuple):
     idx_w: torch.Tensor | None  # [T, Ih] indexer head weights (r = 4)
 
 
+def x_projections(cfg: ModelConfig, ratio: int) -> list[tuple[str, int]]:
+    """Every projection of a layer's normed input x, in the row order of its one fused GEMM `wx`:
+    (checkpoint module under layers.{i}.attn., output rows). One GEMM reads x once, instead of two
+    (window-only), four (r = 128) or seven (r = 4) launches of small matrices."""
+    D, c = cfg.head_dim, 2 if ratio == 4 else 1
+    rows = [("wq_a", cfg.q_lora_rank), ("wkv", D)]
+    if ratio:
+        rows += [("compressor.wkv", c * D), ("compressor.wgate", c * D)]
+    if ratio == 4:
+        Ih, Id = cfg.index_n_heads, cfg.index_head_dim
+        rows += [("indexer.weights_proj", Ih), ("indexer.compressor.wkv", 2 * Id),
+                 ("indexer.compressor.wgate", 2 * Id)]
+    return rows
+
+
 class DSV4Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
         super().__init__()
@@ -65,8 +80,9 @@ class DSV4Attention(nn.Module):
         self.n_local_groups = G // tp.size
         self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
         self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
-        # wq_a and wkv fused into one replicated GEMM: rows [0, Rq) are wq_a, [Rq, Rq + D) wkv.
-        self.wqkv_a = ReplicatedLinear(cfg.hidden_size, cfg.q_lora_rank + D, dtype, device)
+        # Every projection of x in one replicated GEMM: wq_a, wkv, then the compressor's and the indexer's.
+        self.x_names, self.x_widths = zip(*x_projections(cfg, ratio))
+        self.wx = ReplicatedLinear(cfg.hidden_size, sum(self.x_widths), dtype, device)
         self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
         self.kv_norm = RMSNorm(D, self.eps, dtype, device)
         self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device)  # by heads
@@ -74,7 +90,7 @@ class DSV4Attention(nn.Module):
                                       requires_grad=False)
         self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
         self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
-        self.compressor = Compressor(ratio, D, cfg.hidden_size, self.eps, dtype, device) if ratio else None
+        self.compressor = Compressor(ratio, D, self.eps, dtype, device) if ratio else None
         self.indexer = Indexer(cfg, dtype, device) if ratio == 4 else None
 
     # ------------------------------------------------------------ forward
@@ -95,10 +111,11 @@ class DSV4Attention(nn.Module):
         return self.stage_c(out)
 
     def stage_a(self, x: torch.Tensor) -> StageA:
-        qr, kv = self.wqkv_a(x).split([self.q_norm.weight.numel(), self.D], dim=-1)
-        comp = self.compressor.project(x) if self.compressor else (None, None)
-        idx = self.indexer.project(x) if self.indexer else (None, None, None)
-        return StageA(self.q_norm(qr), self.kv_norm(kv), *comp, *idx)
+        y = dict(zip(self.x_names, self.wx(x).split(self.x_widths, dim=-1)))  # views of one [T, sum] output
+        comp = (y["compressor.wkv"].float(), y["compressor.wgate"].float()) if self.compressor else (None, None)
+        idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"].float(), y["indexer.compressor.wgate"].float())
+               if self.indexer else (None, None, None))
+        return StageA(self.q_norm(y["wq_a"]), self.kv_norm(y["wkv"]), *comp, *idx)
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
         """Steps 4-11 for the current step; writes the attention output into out."""

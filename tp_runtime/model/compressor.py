@@ -1,6 +1,7 @@
 """Gated pooling compressor: every r tokens of a sequence become one compressed KV row.
 
-Stage A (`project`) is two replicated GEMMs with fp32 output. Stage B (`forward`) adds the
+Stage A, its two projections of x (kv and gate scores, fp32), is part of the layer's fused x GEMM
+(attention.x_projections). Stage B (`forward`) adds the
 positional bias ape[pos % r] to the scores, pools each block that a token of this step completes,
 normalizes, ropes at position i*r and stores row i; then keeps the newest c*r tokens as state.
 With r = 4 (c = 2) blocks overlap: entry i softmaxes per channel over block i-1's tokens
@@ -14,33 +15,27 @@ from torch import nn
 
 from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.cache import RingState, ring_length
-from tp_runtime.model.layers import ReplicatedLinear, RMSNorm
+from tp_runtime.model.layers import RMSNorm
 from tp_runtime.model.rope import apply_rotary
 from tp_runtime.model.step_index import RingIndex
 from tp_runtime.ops.torch_path import gather_rows, token_chunks, write_ring
 
 
 class Compressor(nn.Module):
-    def __init__(self, ratio: int, head_dim: int, hidden: int, eps: float, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, ratio: int, head_dim: int, eps: float, dtype: torch.dtype, device: torch.device):
         super().__init__()
         assert ratio in (4, 128), f"compress ratio {ratio} not in (4, 128)"
         self.ratio, self.head_dim = ratio, head_dim
         self.overlap = ratio == 4
         c = 2 if self.overlap else 1
-        self.wkv = ReplicatedLinear(hidden, c * head_dim, dtype, device)
-        self.wgate = ReplicatedLinear(hidden, c * head_dim, dtype, device)
         self.ape = nn.Parameter(torch.empty(ratio, c * head_dim, dtype=torch.float32, device=device),
                                 requires_grad=False)
         self.norm = RMSNorm(head_dim, eps, dtype, device)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage A: x [T, hidden] -> kv, score [T, c*D] fp32."""
-        return self.wkv(x).float(), self.wgate(x).float()
-
     def forward(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, state: RingState,
                 out: torch.Tensor) -> None:
-        """Stage B: emit the entries completed in this step into out [slots+1, N, D]; update state.
+        """Stage B: kv, score [T, c*D] fp32 (stage A's projections) -> the entries completed in this step
+        into out [slots+1, N, D]; update state.
 
         Every token of the step is pooled as if it completed a block; the entries of tokens that
         do not (and of padding) land in the trash slot. That keeps this free of host decisions,

@@ -1,8 +1,8 @@
 """Lightning indexer of ratio-4 (CSA) layers: picks the top-K compressed entries each token attends to.
 
-Replicated on every rank (no collective). Stage A projects the head weights and its own ratio-4
-compressor's inputs from x; stage B builds the indexer query from qr, lets the compressor emit keys,
-scores every valid entry and selects the top K. The reference's Hadamard rotation and FP4 simulation
+Replicated on every rank (no collective). Stage A (the head weights and its own ratio-4 compressor's
+inputs, projected from x) is part of the layer's fused x GEMM (attention.x_projections); stage B builds
+the indexer query from qr, lets the compressor emit keys, scores every valid entry and selects the top K. The reference's Hadamard rotation and FP4 simulation
 cancel or vanish in exact arithmetic and are skipped (spec section 3, step 8).
 """
 
@@ -25,12 +25,7 @@ class Indexer(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device)
-        self.weights_proj = ReplicatedLinear(cfg.hidden_size, self.n_heads, dtype, device)
-        self.compressor = Compressor(4, self.head_dim, cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Stage A: x [T, hidden] -> head weights [T, Ih], compressor kv and score [T, 2*Id] fp32."""
-        return (self.weights_proj(x), *self.compressor.project(x))
+        self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device)
 
     def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
                 cache: LayerCache) -> torch.Tensor:

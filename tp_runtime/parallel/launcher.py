@@ -20,7 +20,8 @@ from tp_runtime.config import RunConfig
 from tp_runtime.parallel.errors import LaunchError
 
 
-def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any, torchrun_module: str = "tp_runtime.engine.entry") -> Any:
+def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
+                 torchrun_module: str = "tp_runtime.engine.entry") -> Any:
     """entry(cfg_dict, *args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's
     return value. Every per-rank entry (worker_entry, bench_entry) takes the config dict first."""
     p = cfg.parallel

@@ -1,7 +1,7 @@
 """Reading DeepSeek-V4 checkpoints: every rank loads only its shard of the attention weights.
 
-Layout, as released for DeepSeek-V4-Flash and -Pro: format.py. The big matrices (specs.TensorSpec.fp8) are float8_e4m3fn with a companion `<module>.scale` tensor of
-float8_e8m0fnu bytes v, one power of two 2^(v-127) per 128x128 block, shape [ceil(out/128), ceil(in/128)]
+Layout, as released for DeepSeek-V4-Flash and -Pro: format.py. The big matrices (specs.TensorSpec.fp8)
+are float8_e4m3fn with a companion `<module>.scale` tensor of float8_e8m0fnu bytes v, one power of two 2^(v-127) per 128x128 block, shape [ceil(out/128), ceil(in/128)]
 (edge blocks partial); the rest is bf16 (norms, compressor and indexer projections) or fp32 (ape, attn_sink).
 
 `load_checkpoint` first checks, from file headers alone, every tensor the selected layers need (name,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tp_runtime.config import ModelConfig
+from tp_runtime.model.attention import x_projections
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup
 
@@ -33,10 +34,9 @@ def layer_specs(cfg: ModelConfig, i: int, ratio: int | None = None) -> list[Tens
     Rq, Ro = cfg.q_lora_rank, cfg.o_lora_rank
     r = cfg.compress_ratios[i] if ratio is None else ratio
     a = f"layers.{i}.attn."
-    specs = [
-        TensorSpec(f"layers.{i}.attn_norm.weight", (hid,), f"layers.{i}.attn_norm.weight", kind="norm"),
-        TensorSpec(a + "wq_a.weight", (Rq, hid), a + "wqkv_a.weight", fp8=True),
-        TensorSpec(a + "wkv.weight", (D, hid), a + "wqkv_a.weight", row_offset=Rq, fp8=True),
+    specs = [TensorSpec(f"layers.{i}.attn_norm.weight", (hid,), f"layers.{i}.attn_norm.weight", kind="norm")]
+    specs += _x_specs(cfg, a, r)
+    specs += [
         TensorSpec(a + "q_norm.weight", (Rq,), a + "q_norm.weight", kind="norm"),
         TensorSpec(a + "kv_norm.weight", (D,), a + "kv_norm.weight", kind="norm"),
         TensorSpec(a + "wq_b.weight", (H * D, Rq), a + "wq_b.weight", shard_dim=0, fp8=True),
@@ -45,22 +45,28 @@ def layer_specs(cfg: ModelConfig, i: int, ratio: int | None = None) -> list[Tens
         TensorSpec(a + "wo_b.weight", (hid, G * Ro), a + "wo_b.weight", shard_dim=1, fp8=True),
     ]
     if r:
-        specs += _compressor_specs(a + "compressor.", r, D, hid)
+        specs += _compressor_specs(a + "compressor.", r, D)
     if r == 4:
         Ih, Id = cfg.index_n_heads, cfg.index_head_dim
-        specs += [
-            TensorSpec(a + "indexer.wq_b.weight", (Ih * Id, Rq), a + "indexer.wq_b.weight", fp8=True),
-            TensorSpec(a + "indexer.weights_proj.weight", (Ih, hid), a + "indexer.weights_proj.weight"),
-        ]
-        specs += _compressor_specs(a + "indexer.compressor.", 4, Id, hid)
+        specs.append(TensorSpec(a + "indexer.wq_b.weight", (Ih * Id, Rq), a + "indexer.wq_b.weight", fp8=True))
+        specs += _compressor_specs(a + "indexer.compressor.", 4, Id)
     return specs
 
 
-def _compressor_specs(p: str, r: int, dim: int, hid: int) -> list[TensorSpec]:
+def _x_specs(cfg: ModelConfig, a: str, r: int) -> list[TensorSpec]:
+    """The projections of x, each at its rows of the fused parameter `wx` (attention.x_projections).
+    wq_a and wkv are FP8 in released checkpoints; the compressor and indexer projections bf16."""
+    specs, row = [], 0
+    for name, rows in x_projections(cfg, r):
+        specs.append(TensorSpec(a + name + ".weight", (rows, cfg.hidden_size), a + "wx.weight", row_offset=row,
+                                fp8=name in ("wq_a", "wkv")))
+        row += rows
+    return specs
+
+
+def _compressor_specs(p: str, r: int, dim: int) -> list[TensorSpec]:
     c = 2 if r == 4 else 1
     return [
-        TensorSpec(p + "wkv.weight", (c * dim, hid), p + "wkv.weight"),
-        TensorSpec(p + "wgate.weight", (c * dim, hid), p + "wgate.weight"),
         TensorSpec(p + "ape", (r, c * dim), p + "ape", kind="ape"),
         TensorSpec(p + "norm.weight", (dim,), p + "norm.weight", kind="norm"),
     ]
