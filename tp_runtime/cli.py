@@ -18,9 +18,11 @@ import sys
 
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
+from tp_runtime.parallel.group import resolve_device
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
 from tp_runtime.weights.format import CheckpointError
+from tp_runtime.weights.specs import check_fp8_shards
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +43,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate_inputs(cfg: RunConfig) -> None:
-    """Refuse a bad input file or checkpoint here, before any rank computes."""
+    """Refuse a bad input file, checkpoint or FP8 shard layout here, before any rank computes."""
+    if cfg.runtime.weight_format == "fp8":
+        if cfg.parallel.launcher != "ray" and resolve_device(cfg.runtime.device).type != "cuda":
+            raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; "
+                              "this machine has none (use weight_format=bf16)")
+        try:
+            check_fp8_shards(cfg.model, cfg.parallel.tp)
+        except ValueError as e:
+            raise ConfigError(f"{cfg.source}: {e}") from None
     if cfg.workload.inputs:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
     if cfg.model.checkpoint:

@@ -113,6 +113,10 @@ class RuntimeConfig:
     max_tokens_per_step: int = 256  # token budget of one step (decodes + prefill chunks)
     prefill_chunk: int = 64  # longest prefill chunk of one sequence in one step
     seed: int = 0  # seed of the drawn weights
+    # bf16: every weight in the run dtype (FP8 checkpoint tensors dequantized on load). fp8: the released
+    # FP8 tensors (wq_a, wkv, wq_b, wo_a, wo_b, indexer.wq_b) stay float8_e4m3fn with their 128 x 128
+    # block scales and run through the FP8 GEMM (ops/fp8_linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
+    weight_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
 
 
 @dataclass
@@ -425,6 +429,11 @@ def validate(cfg: RunConfig) -> None:
                  f"'workload.{name}' has {len(v or [])} entries; needs one per request (workload.requests={w.requests})")
     _require(all(x >= 1 for x in (w.prompt_lens or [1])), cfg, "'workload.prompt_lens' entries must be >= 1")
     _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0")
+    _require(r.weight_format != "fp8" or r.device != "cpu", cfg,
+             "'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; runtime.device=cpu (use bf16 there)")
+    _require(r.weight_format != "fp8" or m.q_lora_rank % 128 == 0, cfg,
+             f"'runtime.weight_format'=fp8 fuses wq_a and wkv on 128-row scale blocks: model.q_lora_rank="
+             f"{m.q_lora_rank} must be a multiple of 128")
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
              f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}")
 

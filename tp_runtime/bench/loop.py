@@ -38,7 +38,7 @@ from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.bench.profile import profile_steps
 from tp_runtime.bench.roofline import model_seconds, step_bytes
-from tp_runtime.bench.sweep_config import BenchSettings
+from tp_runtime.bench.sweep_config import MODES, BenchSettings
 from tp_runtime.config import config_from_dict
 from tp_runtime.engine.plan import SeqChunk, StepPlan
 from tp_runtime.engine.timing import StepTimer, timer_name
@@ -155,20 +155,23 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
 
 
 def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
-    """One Worker per mode (every rank) on one shard, then rank 0's tp = 1 baselines on another; on
-    failure the built ones are freed (graphs must be gone before the process group is destroyed)."""
+    """One Worker per mode (every rank) on one shard per weight format, then rank 0's tp = 1 baselines on
+    others; on failure the built ones are freed (graphs must be gone before the process group is destroyed)."""
     tp, lanes = env.tp, []
     try:
-        shard, seqs = None, Seqs()
+        shards: dict[str, tuple] = {}  # weight format -> (shard, the sequences its lanes continue)
         for mode, d in group["workers"].items():
-            worker = Worker(config_from_dict(d, f"{env.name} {mode}"), tp, shard=shard)
-            shard = worker.shard
+            cfg = config_from_dict(d, f"{env.name} {mode}")
+            shard, seqs = shards.get(cfg.runtime.weight_format, (None, Seqs()))
+            worker = Worker(cfg, tp, shard=shard)
+            shards[cfg.runtime.weight_format] = (worker.shard, seqs)
             lanes.append(Lane(mode, mode, worker, seqs))
-        shard, seqs, single = None, Seqs(), single_process(tp.device)
+        shards, single = {}, single_process(tp.device)
         for mode, d in group.get("baselines", {}).items():
-            worker = (Worker(config_from_dict(d, f"{env.name} tp1 {mode}"), single, shard=shard)
-                      if tp.rank == 0 else None)
-            shard = worker.shard if worker is not None else None
+            cfg = config_from_dict(d, f"{env.name} tp1 {mode}")
+            shard, seqs = shards.get(cfg.runtime.weight_format, (None, Seqs()))
+            worker = Worker(cfg, single, shard=shard) if tp.rank == 0 else None
+            shards[cfg.runtime.weight_format] = (worker.shard if worker is not None else None, seqs)
             lanes.append(Lane(f"tp1:{mode}", mode, worker, seqs, baseline=True))
     except BaseException:
         _release(lanes)
@@ -366,7 +369,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     cfg = w.cfg
     st = summarize_ms(flat(steps))
     batch, ctx, tp = point["batch"], point["context"], env.tp.size
-    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize)
+    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize, fp8=w.stack.fp8)
     ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
     n_layers = len(w.stack.ratios)
     model_ms = model_seconds(nbytes.total, m["roofline_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
@@ -377,6 +380,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "graph_captured": bool(w.graph_sets), "replayed_fraction": lane.replayed / n_timed,
            "graphs": {g.kind: g.stats() for g in w.graph_sets},
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
+           "weight_format": cfg.runtime.weight_format,
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
            "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,
@@ -425,7 +429,8 @@ _PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable
     ("hoisted_vs_wide", "breakable-hoisted", "breakable-wide"),
     ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted"),
     ("full_vs_narrow", "full", "breakable-narrow"),
-    ("full_vs_narrow", "full_and_breakable", "breakable-narrow")]
+    ("full_vs_narrow", "full_and_breakable", "breakable-narrow")] + [
+    ("fp8_vs_bf16", f"{m}@fp8", m) for m in MODES]
 
 
 def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:

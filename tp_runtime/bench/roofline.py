@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from tp_runtime.config import ModelConfig
-from tp_runtime.weights.specs import layer_specs
+from tp_runtime.weights.specs import is_fp8_param, layer_specs
 
 FP32 = 4
 
@@ -40,13 +40,18 @@ class StepBytes:
         return StepBytes(self.weights + other.weights, self.cache + other.cache)
 
 
-def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int) -> int:
+def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool = False) -> int:
     """Weight bytes one rank holds (and reads once per step) for one layer of compress ratio `ratio`:
-    the shard table's tensors, the split ones divided by tp, in the run dtype (ape, attn_sink fp32)."""
+    the shard table's tensors, the split ones divided by tp, in the run dtype (ape, attn_sink fp32); with
+    fp8, the FP8 matrices as stored: one byte a value plus one e8m0 byte per 128 x 128 block."""
     total = 0
-    for spec in layer_specs(m, 0, ratio):
-        n = math.prod(spec.shape) // (tp if spec.shard_dim is not None else 1)
-        total += n * (FP32 if spec.kind in ("ape", "sink") else elem)
+    for spec in layer_specs(m, 0, ratio, fp8=fp8):
+        split = tp if spec.shard_dim is not None else 1
+        n = math.prod(spec.shape) // split
+        if is_fp8_param(spec):
+            total += n + math.prod(-(-d // 128) for d in spec.shape) // split
+        else:
+            total += n * (FP32 if spec.kind in ("ape", "sink") else elem)
     return total
 
 
@@ -60,11 +65,11 @@ def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: in
     return batch * rows * elem
 
 
-def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int) -> StepBytes:
+def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int, fp8: bool = False) -> StepBytes:
     """Bytes one rank reads in a decode step over the selected layers (model.layer_ids())."""
     total = StepBytes(0, 0)
     for r in (m.compress_ratios[i] for i in m.layer_ids()):
-        total = total + StepBytes(layer_weight_bytes(m, r, tp, elem), layer_cache_bytes(m, r, batch, ctx, elem))
+        total = total + StepBytes(layer_weight_bytes(m, r, tp, elem, fp8), layer_cache_bytes(m, r, batch, ctx, elem))
     return total
 
 

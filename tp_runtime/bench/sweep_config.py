@@ -34,8 +34,19 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
          "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
          "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
+# A mode may name a weight format after '@' ("full@fp8"): its lanes run on a shard of their own with
+# runtime.weight_format set, interleaved with the other modes' lanes (bf16 vs fp8 in one point).
+WEIGHT_FORMATS = ("bf16", "fp8")
+
+
+def split_mode(mode: str) -> tuple[str, str | None]:
+    """'full@fp8' -> ('full', 'fp8'); 'full' -> ('full', None)."""
+    base, _, fmt = mode.partition("@")
+    return base, fmt or None
+
+
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
-RUN_AXES = ("runtime.dtype",)  # plus every model.<field>
+RUN_AXES = ("runtime.dtype", "runtime.weight_format")  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
 TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
 
@@ -102,8 +113,11 @@ class SweepConfig:
             else:
                 _set_dotted(data, key, value, self.source)
         batches, contexts = self.grid["bench.batch"], self.grid["bench.context"]
-        graph_mode, scope = MODES[mode]
+        base_mode, weight_format = split_mode(mode)
+        graph_mode, scope = MODES[base_mode]
         data.setdefault("parallel", {})["tp"] = tp
+        if weight_format is not None:
+            data.setdefault("runtime", {})["weight_format"] = weight_format
         # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
         slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(
@@ -217,9 +231,10 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
         bad = [v for v in sweep.grid[key] if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         if bad:
             raise ConfigError(f"{src}: grid '{key}' holds {bad}; values must be positive integers")
-    bad = [m for m in sweep.modes if m not in MODES]
+    bad = [m for m in sweep.modes if split_mode(m)[0] not in MODES or split_mode(m)[1] not in (None, *WEIGHT_FORMATS)]
     if bad:
-        raise ConfigError(f"{src}: grid 'modes' holds {bad}; allowed modes: {list(MODES)}")
+        raise ConfigError(f"{src}: grid 'modes' holds {bad}; allowed modes: {list(MODES)}, each optionally with "
+                          f"@<weight format> ({', '.join(WEIGHT_FORMATS)})")
     b = sweep.bench
     for name in ("timed_steps", "repeats", "prefill_chunk", "allreduce_iters", "copy_mib"):
         if getattr(b, name) < 1:

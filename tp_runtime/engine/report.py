@@ -17,6 +17,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "launcher": cfg.parallel.launcher,
         "device": res.device,
         "dtype": res.dtype,
+        "weight_format": cfg.runtime.weight_format,
         "graph_mode": cfg.graph.mode if g else "eager",
         "graph_mode_requested": cfg.graph.mode,
         "break_scope": cfg.graph.break_scope,

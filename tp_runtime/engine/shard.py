@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tp_runtime.config import RunConfig
+from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.engine.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
@@ -27,6 +27,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]
+
+
+def uses_fp8_weights(cfg: RunConfig, device: torch.device) -> bool:
+    """runtime.weight_format=fp8, on a device that runs FP8 GEMMs (CUDA, compute capability >= 8.9)."""
+    if cfg.runtime.weight_format != "fp8":
+        return False
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 needs a CUDA GPU with FP8 (compute "
+                          f"capability >= 8.9); this rank runs on {device} ({name}): use weight_format=bf16")
+    return True
 
 
 def buffer_capacity(cfg: RunConfig, oneshot: bool) -> int:
@@ -52,7 +63,7 @@ class ModelShard:
         """Build the stack shard, draw or load its weights, allocate caches and buffers."""
         rt, device = cfg.runtime, tp.device
         dtype = resolve_dtype(rt.dtype, device)
-        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device)
+        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, fp8=uses_fp8_weights(cfg, device))
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         capacity = buffer_capacity(cfg, oneshot)
         buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs,

@@ -31,6 +31,7 @@ from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.model.rope import apply_rotary
+from tp_runtime.ops.fp8_linear import fp8_linear
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
 from tp_runtime.parallel.group import TPGroup
 
@@ -71,8 +72,22 @@ def x_projections(cfg: ModelConfig, ratio: int) -> list[tuple[str, int]]:
     return rows
 
 
+FP8_X = ("wq_a", "wkv")  # the projections of x released in FP8
+
+
+def x_gemms(cfg: ModelConfig, ratio: int, fp8: bool) -> list[tuple[str, bool, list[tuple[str, int]]]]:
+    """The GEMMs that compute x_projections: (module, holds FP8, its projections in row order). One GEMM
+    in bf16; with FP8 weights, wq_a + wkv as stored (FP8) and the bf16 rest, each its own GEMM."""
+    rows = x_projections(cfg, ratio)
+    if not fp8:
+        return [("wx", False, rows)]
+    rest = [r for r in rows if r[0] not in FP8_X]
+    return [("wx_fp8", True, [r for r in rows if r[0] in FP8_X])] + ([("wx", False, rest)] if rest else [])
+
+
 class DSV4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
+                 fp8: bool = False):
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
@@ -80,18 +95,20 @@ class DSV4Attention(nn.Module):
         self.n_local_groups = G // tp.size
         self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
         self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
-        # Every projection of x in one replicated GEMM: wq_a, wkv, then the compressor's and the indexer's.
-        self.x_names, self.x_widths = zip(*x_projections(cfg, ratio))
-        self.wx = ReplicatedLinear(cfg.hidden_size, sum(self.x_widths), dtype, device)
+        # Every projection of x in one replicated GEMM (two with FP8 weights: x_gemms).
+        self.x_gemms = [(name, [w for _, w in rows]) for name, _, rows in x_gemms(cfg, ratio, fp8)]
+        self.x_names = [n for _, _, rows in x_gemms(cfg, ratio, fp8) for n, _ in rows]
+        for name, is_fp8, rows in x_gemms(cfg, ratio, fp8):
+            self.add_module(name, ReplicatedLinear(cfg.hidden_size, sum(w for _, w in rows), dtype, device, is_fp8))
         self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
         self.kv_norm = RMSNorm(D, self.eps, dtype, device)
-        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device)  # by heads
+        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device, fp8)  # by heads
         self.attn_sink = nn.Parameter(torch.empty(self.n_local_heads, dtype=torch.float32, device=device),
                                       requires_grad=False)
-        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
-        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
+        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device, fp8)  # by groups
+        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device, fp8)
         self.compressor = Compressor(ratio, D, self.eps, dtype, device) if ratio else None
-        self.indexer = Indexer(cfg, dtype, device) if ratio == 4 else None
+        self.indexer = Indexer(cfg, dtype, device, fp8) if ratio == 4 else None
 
     # ------------------------------------------------------------ forward
 
@@ -111,7 +128,8 @@ class DSV4Attention(nn.Module):
         return self.stage_c(out)
 
     def stage_a(self, x: torch.Tensor) -> StageA:
-        y = dict(zip(self.x_names, self.wx(x).split(self.x_widths, dim=-1)))  # views of one [T, sum] output
+        parts = [p for name, widths in self.x_gemms for p in getattr(self, name)(x).split(widths, dim=-1)]
+        y = dict(zip(self.x_names, parts))  # views of each GEMM's [T, rows] output
         comp = (y["compressor.wkv"].float(), y["compressor.wgate"].float()) if self.compressor else (None, None)
         idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"].float(), y["indexer.compressor.wgate"].float())
                if self.indexer else (None, None, None))
@@ -155,8 +173,13 @@ class DSV4Attention(nn.Module):
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
         """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
         Gl = self.n_local_groups
+        og = o.view(o.shape[0], Gl, -1)  # [T, Gl, (H/G)*D]
+        if self.wo_a.fp8:  # group g's rows [g*Ro, (g+1)*Ro) of wo_a, on 128-row scale blocks
+            qw, sc = self.wo_a.qweight.chunk(Gl), self.wo_a.scale.chunk(Gl)
+            z = torch.cat([fp8_linear(og[:, g], qw[g], sc[g]) for g in range(Gl)], dim=1)
+            return self.wo_b(z)
         wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)  # [Gl, Ro, (H/G)*D]
-        z = torch.einsum("tgd,grd->tgr", o.view(o.shape[0], Gl, -1), wo_a)
+        z = torch.einsum("tgd,grd->tgr", og, wo_a)
         return self.wo_b(z.flatten(1))
 
     # ------------------------------------------------------------ candidates of stage B

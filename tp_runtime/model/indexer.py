@@ -2,8 +2,9 @@
 
 Replicated on every rank (no collective). Stage A (the head weights and its own ratio-4 compressor's
 inputs, projected from x) is part of the layer's fused x GEMM (attention.x_projections); stage B builds
-the indexer query from qr, lets the compressor emit keys, scores every valid entry and selects the top K. The reference's Hadamard rotation and FP4 simulation
-cancel or vanish in exact arithmetic and are skipped (spec section 3, step 8).
+the indexer query from qr, lets the compressor emit keys, scores every valid entry and selects the top K.
+The reference's Hadamard rotation and FP4 simulation cancel or vanish in exact arithmetic and are skipped
+(spec section 3, step 8).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from tp_runtime.ops.torch_path import indexer_topk
 
 
 class Indexer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, fp8: bool = False):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
-        self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device)
+        self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device, fp8)
         self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device)
 
     def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tp_runtime.ops.fp8_linear import fp8_linear
 from tp_runtime.parallel.group import TPGroup
 
 
@@ -32,38 +33,51 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class ReplicatedLinear(nn.Module):
-    """y = x @ W^T with the whole W [out, in] on every rank."""
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device):
+
+class Linear(nn.Module):
+    """y = x @ W^T for this rank's W [out, in]: `weight` in the run dtype, or (fp8) `qweight`
+    float8_e4m3fn [out, in] with `scale`, one e8m0 byte per 128 x 128 block [ceil(out/128), ceil(in/128)]."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
+                 fp8: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device),
-                                   requires_grad=False)
+        self.fp8 = fp8
+        if fp8:
+            self.qweight = _frozen(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn, device=device))
+            self.scale = _frozen(torch.empty(-(-out_features // 128), -(-in_features // 128), dtype=torch.uint8,
+                                             device=device))
+        else:
+            self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return fp8_linear(x, self.qweight, self.scale) if self.fp8 else F.linear(x, self.weight)
 
 
-class ColumnParallelLinear(ReplicatedLinear):
+class ReplicatedLinear(Linear):
+    """The whole W [out, in] on every rank."""
+
+
+class ColumnParallelLinear(Linear):
     """Output features split across ranks: rank k holds rows [k*out/tp, (k+1)*out/tp) of W."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, fp8: bool = False):
         lo, hi = tp.shard(out_features, "output features")
-        super().__init__(in_features, hi - lo, dtype, device)
+        super().__init__(in_features, hi - lo, dtype, device, fp8)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Linear):
     """Input features split across ranks; partial products summed by one all-reduce over the group."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, dtype: torch.dtype,
-                 device: torch.device):
-        super().__init__()
+                 device: torch.device, fp8: bool = False):
         lo, hi = tp.shard(in_features, "input features")
+        super().__init__(hi - lo, out_features, dtype, device, fp8)
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(out_features, hi - lo, dtype=dtype, device=device),
-                                   requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in/tp] local slice -> partial [T, out] -> summed over ranks.
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        return self.tp.all_reduce(super().forward(x))

@@ -18,7 +18,7 @@ import torch
 
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.entry import in_process, launch
-from tp_runtime.engine.shard import resolve_dtype
+from tp_runtime.engine.shard import resolve_dtype, uses_fp8_weights
 from tp_runtime.engine.workload import build_workload
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import resolve_device, single_process
@@ -59,9 +59,12 @@ def reference_outputs(cfg: RunConfig, requests: list[int]) -> dict[int, torch.Te
     """The oracle's final hidden states per request, float64, on the run's device."""
     device = resolve_device(cfg.runtime.device)
     dtype = resolve_dtype(cfg.runtime.dtype, device)
-    stack = AttentionStack(cfg.model, single_process(device), cfg.runtime.max_len, dtype, device)
+    stack = AttentionStack(cfg.model, single_process(device), cfg.runtime.max_len, dtype, device,
+                           fp8=uses_fp8_weights(cfg, device))
     fill_weights(stack, cfg.model.checkpoint, cfg.runtime.seed)
-    # The oracle sees the run's weights exactly (already rounded to the run's dtype), in float64.
+    # The oracle sees the run's weights exactly (already rounded to the run's dtype, or FP8 weights
+    # dequantized: exact), in float64. With FP8 weights the run differs from it only by accumulation order
+    # (the FP8 GEMM sums per 128-column block in fp32) on top of bf16 activations: the bf16 tolerance holds.
     w = {k: v.double() for k, v in full_tensors(stack).items()}
     del stack
     workload = build_workload(cfg)

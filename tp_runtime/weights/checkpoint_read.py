@@ -1,8 +1,10 @@
 """Reading DeepSeek-V4 checkpoints: every rank loads only its shard of the attention weights.
 
 Layout, as released for DeepSeek-V4-Flash and -Pro: format.py. The big matrices (specs.TensorSpec.fp8)
-are float8_e4m3fn with a companion `<module>.scale` tensor of float8_e8m0fnu bytes v, one power of two 2^(v-127) per 128x128 block, shape [ceil(out/128), ceil(in/128)]
-(edge blocks partial); the rest is bf16 (norms, compressor and indexer projections) or fp32 (ape, attn_sink).
+are float8_e4m3fn with a companion `<module>.scale` tensor of float8_e8m0fnu bytes v, one power of two
+2^(v-127) per 128x128 block, shape [ceil(out/128), ceil(in/128)] (edge blocks partial); the rest is bf16
+(norms, compressor and indexer projections) or fp32 (ape, attn_sink). With runtime.weight_format=fp8 the
+FP8 matrices are kept as stored (values and scale bytes of the shard) instead of dequantized.
 
 `load_checkpoint` first checks, from file headers alone, every tensor the selected layers need (name,
 dtype, shape, scale shape) and reads the scale bytes of the shard; only then does it copy weights into
@@ -45,7 +47,7 @@ from tp_runtime.weights.format import (
     scale_name,
 )
 from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, n_blocks
-from tp_runtime.weights.specs import TensorSpec, model_specs, place
+from tp_runtime.weights.specs import TensorSpec, is_fp8_param, model_specs, place, place_fp8, scale_blocks
 
 # ---------------------------------------------------------------- loading: what to read
 
@@ -105,7 +107,7 @@ def read_index(directory: Path) -> tuple[dict[str, str], Path]:
     return weight_map, path
 
 
-def _plan(m: ModelConfig, tp: TPGroup, weight_map: dict[str, str], index_path: Path) -> list[_Item]:
+def _plan(m: ModelConfig, tp: TPGroup, weight_map: dict[str, str], index_path: Path, fp8: bool) -> list[_Item]:
     """Every tensor of the selected layers, with its file(s) and this rank's bounds."""
     def file_of(name: str) -> str:
         if name not in weight_map:
@@ -113,8 +115,13 @@ def _plan(m: ModelConfig, tp: TPGroup, weight_map: dict[str, str], index_path: P
         return weight_map[name]
 
     items = []
-    for spec in model_specs(m):
+    for spec in model_specs(m, fp8):
         bounds = None if spec.shard_dim is None else tp.shard(spec.shape[spec.shard_dim], spec.name)
+        if is_fp8_param(spec):
+            try:
+                scale_blocks(spec, tp)  # a shard that splits a scale block cannot keep FP8
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
         items.append(_Item(spec, file_of(spec.name), bounds,
                            scale_file=file_of(scale_name(spec.name)) if spec.fp8 else None))
     return items
@@ -224,8 +231,12 @@ def _copy(stack: AttentionStack, items: list[_Item], directory: Path) -> int:
                         raise CheckpointError(f"read shape {list(host.shape)}, expected {list(it.shard_shape)}")
                     read += host.numel() * host.element_size() + (it.scale.numel() if it.spec.fp8 else 0)
                     x = host.to(stack.device)
-                    w = dequantize_fp8(x, it.scale, *it.origin, dtype=stack.dtype) if it.spec.fp8 else x
-                    place(stack, it.spec, w)
+                    if is_fp8_param(it.spec):  # kept as stored: FP8 values and their scale bytes
+                        w = x
+                        place_fp8(stack, it.spec, x, it.scale.to(stack.device))
+                    else:
+                        w = dequantize_fp8(x, it.scale, *it.origin, dtype=stack.dtype) if it.spec.fp8 else x
+                        place(stack, it.spec, w)
                 except Exception as e:
                     raise CheckpointError(f"tensor {it.spec.name} in {path}: reading failed after the header "
                                           f"checks passed ({e})") from e
@@ -236,7 +247,7 @@ def _copy(stack: AttentionStack, items: list[_Item], directory: Path) -> int:
 def _poison(stack: AttentionStack) -> None:
     """NaN in every parameter: a half-copied stack must never pass for a loaded one."""
     for p in stack.parameters():
-        p.fill_(float("nan"))
+        p.fill_(float("nan") if p.dtype.is_floating_point else 255)  # e8m0 0xFF is NaN too
 
 
 # ---------------------------------------------------------------- loading: host memory
@@ -292,11 +303,11 @@ def _check_config(m: ModelConfig, directory: Path) -> None:
         raise CheckpointError(f"the stack's model config disagrees with {path}: " + "; ".join(diffs))
 
 
-def _checked_plan(m: ModelConfig, tp: TPGroup, directory: Path) -> tuple[list[_Item], list[str]]:
+def _checked_plan(m: ModelConfig, tp: TPGroup, directory: Path, fp8: bool = False) -> tuple[list[_Item], list[str]]:
     """Config, index and every header checked, the shard's scales read: (what to copy, files opened)."""
     _check_config(m, directory)
     weight_map, index_path = read_index(directory)
-    items = _plan(m, tp, weight_map, index_path)
+    items = _plan(m, tp, weight_map, index_path, fp8)
     return items, _validate(items, directory)
 
 
@@ -314,7 +325,7 @@ def load_checkpoint(stack: AttentionStack, directory: str | Path) -> dict:
     whole), param_bytes (the rank's parameters in the run dtype), host_peak_bytes, host_peak_method.
     """
     t0, peak, directory = time.perf_counter(), _HostPeak(), Path(directory)
-    items, files = _checked_plan(stack.cfg, stack.tp, directory)  # all checks pass before the first copy
+    items, files = _checked_plan(stack.cfg, stack.tp, directory, stack.fp8)  # all checks pass before the first copy
     with torch.no_grad():
         try:
             read = _copy(stack, items, directory)

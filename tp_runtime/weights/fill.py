@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.model.stack import AttentionStack
+from tp_runtime.ops.fp8_linear import dequantize
 from tp_runtime.weights.checkpoint_read import load_checkpoint
+from tp_runtime.weights.fp8 import quantize_fp8
 from tp_runtime.weights.seeded import named_normal
-from tp_runtime.weights.specs import TensorSpec, model_specs, place, shard_of
+from tp_runtime.weights.specs import TensorSpec, is_fp8_param, model_specs, place, place_fp8, scale_blocks, shard_of
 
 
 def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor:
@@ -28,10 +30,17 @@ def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor
 
 
 def init_seeded(stack: AttentionStack, seed: int) -> None:
-    """Fill every parameter with this rank's shard of the seeded full tensors."""
+    """Fill every parameter with this rank's shard of the seeded full tensors. With FP8 weights the
+    released FP8 matrices are quantized per 128 x 128 block as `write-checkpoint` stores them."""
     with torch.no_grad():
-        for spec in model_specs(stack.cfg):
-            place(stack, spec, shard_of(spec, draw_full(spec, seed, stack.device), stack.tp))
+        for spec in model_specs(stack.cfg, stack.fp8):
+            full = draw_full(spec, seed, stack.device)
+            if is_fp8_param(spec):
+                q, scale = quantize_fp8(full)
+                rows, cols = scale_blocks(spec, stack.tp)
+                place_fp8(stack, spec, shard_of(spec, q, stack.tp), scale[rows, cols])
+            else:
+                place(stack, spec, shard_of(spec, full, stack.tp))
 
 
 def fill_weights(stack: AttentionStack, checkpoint: str | None, seed: int) -> dict:
@@ -48,6 +57,10 @@ def full_tensors(stack: AttentionStack) -> dict[str, torch.Tensor]:
     if stack.tp.size != 1:
         raise ValueError("full_tensors needs an unsharded stack (tp = 1)")
     out = {}
-    for spec in model_specs(stack.cfg):
-        out[spec.name] = stack.get_parameter(spec.param).narrow(0, spec.row_offset, spec.shape[0])
+    for spec in model_specs(stack.cfg, stack.fp8):
+        w = stack.get_parameter(spec.param).narrow(0, spec.row_offset, spec.shape[0])
+        if is_fp8_param(spec):  # the values the FP8 GEMM computes with: dequantized, exactly
+            scale = stack.get_parameter(spec.param.removesuffix("qweight") + "scale")
+            w = dequantize(w, scale.narrow(0, spec.row_offset // 128, -(-spec.shape[0] // 128)), stack.dtype)
+        out[spec.name] = w
     return out

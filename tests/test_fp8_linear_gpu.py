@@ -1,0 +1,76 @@
+"""The FP8 GEMM kernel (ops/fp8_linear.py) against dequantize-then-matmul on a GPU, at every FP8 weight
+shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in {1, 3, 16, 128, 512}; then `check` with FP8 weights.
+
+Run on a GPU machine: `pytest -m gpu tests/test_fp8_linear_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT, last_json, run_cli
+from tp_runtime.config import load_config
+from tp_runtime.ops.fp8_linear import dequantize, fp8_linear_triton
+from tp_runtime.weights.fp8 import quantize_fp8
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# Both sides multiply the same dequantized bf16 values with fp32 accumulation; they differ in summation
+# order and round the output to bf16 (2^-8 relative per element), so 1e-2 in norm bounds them while a
+# wrong scale (a factor of 2 at least) or a missing block fails by far.
+TOL = 1e-2
+MS = [1, 3, 16, 128, 512]
+
+
+def fp8_shapes(name: str, tp: int) -> set[tuple[int, int]]:
+    """(N, K) of every FP8 GEMM one rank runs: wx_fp8 (wq_a + wkv), wq_b, wo_a per group, wo_b, indexer.wq_b."""
+    m = load_config(ROOT / "configs" / f"{name}.yaml").model
+    H, D, G, Rq, Ro, hid = (m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank,
+                            m.hidden_size)
+    return {(Rq + D, hid), (H * D // tp, Rq), (Ro, H * D // G), (hid, G * Ro // tp),
+            (m.index_n_heads * m.index_head_dim, Rq)}
+
+
+SHAPES = sorted({s for name in ("v4_flash", "v4_pro") for tp in (1, 2, 4, 8) for s in fp8_shapes(name, tp)})
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_kernel_matches_dequantize_then_matmul(n, k):
+    g = torch.Generator(device="cuda").manual_seed(n * 7 + k)
+    w = torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+    q, s = quantize_fp8(w)
+    ref_w = dequantize(q, s, torch.bfloat16)
+    for m in MS:
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        poison = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        del poison  # its block is what the kernel's output most likely reuses: unwritten elements stay NaN
+        y = fp8_linear_triton(x, q, s)
+        ref = x @ ref_w.T
+        assert y.isfinite().all(), (n, k, m)
+        err = float((y.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL, (n, k, m, err)
+
+
+def test_kernel_in_a_cuda_graph():
+    q, s = quantize_fp8(torch.randn(4096, 1024, device="cuda") / 32)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    y0 = fp8_linear_triton(x, q, s)  # compiles outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fp8_linear_triton(x, q, s)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    assert torch.equal(y, fp8_linear_triton(x, q, s)) and not torch.equal(y, y0)
+
+
+def test_check_with_fp8_weights():
+    proc = run_cli(["check", "configs/v4_flash.yaml", "model.layers=2-5", "workload.requests=4",
+                    "workload.prompt_len=[130, 700]", "workload.decode_len=[8, 24]", "runtime.max_len=1024",
+                    "runtime.max_seqs=4", "runtime.max_tokens_per_step=256", "parallel.tp=1",
+                    "parallel.launcher=local", "graph.mode=full_and_breakable", "runtime.weight_format=fp8"],
+                   timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = last_json(proc.stdout)
+    print({k: v["max_rel_err"] for k, v in rec["comparisons"].items()})
+    assert rec["ok"] and rec["comparisons"]["vs_reference"]["max_rel_err"] < 3e-2
