@@ -65,6 +65,8 @@ class ModelShard:
         dtype = resolve_dtype(rt.dtype, device)
         stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, fp8=uses_fp8_weights(cfg, device))
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
+        # This rank's parameter bytes as held (FP8 values and scale bytes, or the run dtype): load_param_bytes.
+        load_report.setdefault("param_bytes", sum(p.numel() * p.element_size() for p in stack.parameters()))
         capacity = buffer_capacity(cfg, oneshot)
         buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs,
                               plan=stack.index_plan)
