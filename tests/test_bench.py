@@ -404,3 +404,19 @@ def test_gpu_allreduce_benchmark(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = _last_json(r.stdout)
     assert res["backend"] == "nccl" and all(row["graph_us"] > 0 for row in res["rows"])
+
+
+def test_profile_view_groups_kernels_by_the_code_that_launched_them():
+    from tp_runtime.bench.profile import kernel_group
+
+    layers, attn = "/r/tp_runtime/model/layers.py(48): forward", "/r/tp_runtime/model/attention.py(130): stage_a"
+    assert kernel_group("aten::addmm", [layers, attn], "sm90_xmma_gemm") == "weight GEMMs"
+    assert kernel_group("aten::bmm", ["/r/tp_runtime/ops/torch_path.py(80): sparse_attention"], "gemm") == "attention"
+    assert kernel_group("aten::mul", ["/r/tp_runtime/model/layers.py(22): rms_norm", attn], "elementwise") == \
+        "norms and rotary"
+    assert kernel_group("aten::index", ["/r/tp_runtime/ops/torch_path.py(30): gather_rows",
+                                        "/r/tp_runtime/model/compressor.py(60): _pool"], "index_kernel") == "compressors"
+    assert kernel_group("aten::sort", ["/r/tp_runtime/ops/torch_path.py(55): indexer_topk"], "radixSort") == "indexer"
+    assert kernel_group("aten::copy_", [attn], "direct_copy_kernel") == "copies"
+    assert kernel_group("launch", [], "_fp8_linear_kernel") == "weight GEMMs"
+    assert kernel_group("aten::add", ["/r/elsewhere.py(1): f"], "vectorized_elementwise") == "other"

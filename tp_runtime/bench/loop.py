@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
-from tp_runtime.bench.profile import profile_steps
+from tp_runtime.bench.profile import profile_steps, profile_view, view_table
 from tp_runtime.bench.roofline import model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import MODES, BenchSettings
 from tp_runtime.config import config_from_dict
@@ -264,7 +264,7 @@ def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int,
     if recorded is None:
         recorded = [lane for lane in lanes if not lane.baseline]
     breaks = {lane.name: _break_ms(lane, batch, s) for lane in recorded}
-    profiles = {lane.name: _profile(lane, batch, s) for lane in recorded}
+    profiles = {lane.name: _profile(env, lane, batch, context) for lane in recorded}
     prefill = {lane.name: _prefill_ms(lane, s) for lane in recorded}
     hidden, dtype = recorded[0].worker.cfg.model.hidden_size, recorded[0].worker.dtype
     ar = env.allreduce(batch, hidden, dtype)
@@ -295,8 +295,10 @@ def _decode_plan(batch: int, pos: int, first_slot: int = 0) -> StepPlan:
     return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in slots))
 
 
-def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None) -> list[float]:
-    """n decode steps of the lane's batch slots at their next positions; per-step ms (inputs made beforehand)."""
+def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None,
+            replay: bool = True) -> list[float]:
+    """n decode steps of the lane's batch slots at their next positions; per-step ms (inputs made beforehand).
+    replay=False runs the path's code eagerly (the profile view)."""
     w = lane.worker
     inputs = Workload([], w.cfg.model.hidden_size, seed)
     plans = [_decode_plan(batch, lane.seqs.pos + i, lane.seqs.first_slot) for i in range(n)]
@@ -307,7 +309,7 @@ def _decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | No
         if on_break is not None:
             on_break.next_step()
         t0, h0 = timer.now(), time.perf_counter()
-        out, run = w.step(plan, x, on_break)
+        out, run = w.step(plan, x, on_break, replay)
         timer.stop(t0)
         if on_break is not None:
             on_break.step_done((time.perf_counter() - h0) * 1e3)
@@ -334,10 +336,23 @@ def _break_ms(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
             "step_host_ms": statistics.median(bt.step_host_ms), "calls_per_step": bt.calls / max(1, s.break_steps)}
 
 
-def _profile(lane: Lane, batch: int, s: BenchSettings) -> dict:
-    """Kernels per step and GPU busy ms of profile_steps extra decode steps (kept out of the step times)."""
-    replayed0 = lane.replayed
+def _profile(env: BenchEnv, lane: Lane, batch: int, context: int) -> dict:
+    """Kernels per step and GPU busy ms of profile_steps extra decode steps (kept out of the step times); with
+    bench.profile also the view: a trace of as many eager steps of the lane's path and GPU ms by group."""
+    s, replayed0 = env.s, lane.replayed
     prof = profile_steps(lambda: _decode(lane, batch, s.profile_steps, s.seed), s.profile_steps, lane.worker.device)
+    if s.profile and lane.worker.device.type == "cuda" and s.profile_steps:  # every rank: the steps are collective
+        trace = None
+        if env.log is not None:  # rank 0 writes
+            name = lane.name.replace(":", "_").replace("@", "_")
+            trace = env.log.parent / "traces" / f"{name}-b{batch}-c{context}.json"
+            trace.parent.mkdir(exist_ok=True)
+        view = profile_view(lambda: _decode(lane, batch, s.profile_steps, s.seed, replay=False), s.profile_steps,
+                            str(trace) if trace else None)
+        if trace is not None:
+            prof["profile_view_ms"], prof["profile_trace"] = view, trace.name
+            with (env.log.parent / "profile_view.txt").open("a") as f:
+                f.write(view_table([{"lane": lane.name, "batch": batch, "context": context, **view}]) + "\n\n")
     lane.replayed = replayed0
     return prof
 

@@ -58,6 +58,8 @@ class BenchSettings:
     repeats: int = 5  # interleaved repeats: A B A B ... with timed_steps each
     break_steps: int = 2  # extra steps timed with per-break events (kept out of the step times)
     profile_steps: int = 2  # extra steps under the torch profiler: kernels per step, GPU busy ms (0: off)
+    profile: bool = False  # also per point and lane: a Chrome trace of profile_steps eager steps of its path
+    #                        and GPU ms by group (weight GEMMs, attention, indexer, ...) in profile_view.txt
     prefill_chunk: int = 256  # tokens of the timed prefill chunk (one sequence)
     prefill_steps: int = 2  # timed prefill chunks per point, after one untimed chunk
     allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
@@ -100,7 +102,7 @@ class SweepConfig:
         """Positions a point adds past its context: warm-up, repeats, break steps and prefill chunks of
         every mode (the modes' lanes continue the same sequences)."""
         b = self.bench
-        per_mode = (b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + b.profile_steps
+        per_mode = (b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + b.profile_steps * (1 + b.profile)
                     + (1 + b.prefill_steps) * b.prefill_chunk)
         return len(self.modes) * per_mode
 

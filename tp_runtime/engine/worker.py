@@ -119,26 +119,28 @@ class Worker:
         return self._forward(self.buffers.view(size, size, self.cfg.runtime.max_len - 1), None)
 
     @torch.no_grad()
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, StepRun]:
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None, replay: bool = True) -> tuple[torch.Tensor, StepRun]:
         """Run one step; returns final hidden states [n_tokens, hidden] and how it ran.
 
         The path depends only on the plan, which every rank received from the driver, so all ranks take
         the same one. A decode-only step of a full mode replays its full graph; where none holds it (CPU,
         or more tokens than the largest capture size) it runs the same static path eagerly, unless the
-        mode has breakable graphs to fall back on.
+        mode has breakable graphs to fall back on. replay=False runs the chosen path's code eagerly at the
+        same padded size (the bench's profile view: kernels attributed to the code that launched them).
         """
         n = plan.n_tokens
         if self.static_decode and plan.decode_only:
             size = self.full_graphs.size_for(n) if self.full_graphs is not None else None
             if size is not None:
                 self.buffers.load(plan, x, size, index=False)
-                return self.full_graphs.replay(size)[:n], StepRun("full", size)
+                out = self.full_graphs.replay(size) if replay else self._forward_full(size)
+                return out[:n], StepRun("full", size if replay else None)
             if self.breakable_graphs is None:
                 self.buffers.load(plan, x, n, index=False)
                 return self._forward_full(n)[:n], StepRun("full", None)
         g = self.breakable_graphs
         size = g.size_for(n) if g is not None else None
-        if size is None:
+        if size is None or not replay:
             return self._forward(self.buffers.load(plan, x, n), self.break_scope)[:n], StepRun("eager", None)
         self.live.batch = self.buffers.load(plan, x, size)
         return g.replay(size, on_break)[:n], StepRun("breakable", size)
@@ -150,8 +152,8 @@ class FaultyWorker(Worker):
 
     steps_begun = 0
 
-    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None) -> tuple[torch.Tensor, StepRun]:
+    def step(self, plan: StepPlan, x: torch.Tensor, on_break=None, replay: bool = True) -> tuple[torch.Tensor, StepRun]:
         if self.steps_begun == self.cfg.parallel.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)
         self.steps_begun += 1
-        return super().step(plan, x, on_break)
+        return super().step(plan, x, on_break, replay)
