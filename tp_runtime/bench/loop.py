@@ -159,19 +159,19 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
     others; on failure the built ones are freed (graphs must be gone before the process group is destroyed)."""
     tp, lanes = env.tp, []
     try:
-        shards: dict[str, tuple] = {}  # weight format -> (shard, the sequences its lanes continue)
+        shards: dict[tuple, tuple] = {}  # runtime section -> (shard, the sequences its lanes continue)
         for mode, d in group["workers"].items():
             cfg = config_from_dict(d, f"{env.name} {mode}")
-            shard, seqs = shards.get(cfg.runtime.weight_format, (None, Seqs()))
+            shard, seqs = shards.get(_shard_key(cfg), (None, Seqs()))
             worker = Worker(cfg, tp, shard=shard)
-            shards[cfg.runtime.weight_format] = (worker.shard, seqs)
+            shards[_shard_key(cfg)] = (worker.shard, seqs)
             lanes.append(Lane(mode, mode, worker, seqs))
         shards, single = {}, single_process(tp.device)
         for mode, d in group.get("baselines", {}).items():
             cfg = config_from_dict(d, f"{env.name} tp1 {mode}")
-            shard, seqs = shards.get(cfg.runtime.weight_format, (None, Seqs()))
+            shard, seqs = shards.get(_shard_key(cfg), (None, Seqs()))
             worker = Worker(cfg, single, shard=shard) if tp.rank == 0 else None
-            shards[cfg.runtime.weight_format] = (worker.shard if worker is not None else None, seqs)
+            shards[_shard_key(cfg)] = (worker.shard if worker is not None else None, seqs)
             lanes.append(Lane(f"tp1:{mode}", mode, worker, seqs, baseline=True))
     except BaseException:
         _release(lanes)
@@ -179,6 +179,11 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
     if tp.size > 1:
         dist.barrier(group=tp.cpu_group)  # nobody starts stepping while rank 0 still builds baselines
     return lanes
+
+
+def _shard_key(cfg) -> tuple:
+    """Lanes whose runtime sections agree share a shard (weights, caches, buffers)."""
+    return tuple(sorted(vars(cfg.runtime).items()))
 
 
 def _release(lanes: list[Lane]) -> None:
@@ -445,7 +450,9 @@ _PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable
     ("narrow_vs_hoisted", "breakable-narrow", "breakable-hoisted"),
     ("full_vs_narrow", "full", "breakable-narrow"),
     ("full_vs_narrow", "full_and_breakable", "breakable-narrow")] + [
-    ("fp8_vs_bf16", f"{m}@fp8", m) for m in MODES]
+    ("fp8_vs_bf16", f"{m}@fp8", m) for m in MODES] + [
+    ("triton_vs_torch", f"{m}@triton", f"{m}@torch") for m in MODES] + [
+    ("fp8_vs_bf16", f"{m}@fp8+triton", f"{m}@triton") for m in MODES]
 
 
 def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:

@@ -34,15 +34,20 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
          "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
          "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
-# A mode may name a weight format after '@' ("full@fp8"): its lanes run on a shard of their own with
-# runtime.weight_format set, interleaved with the other modes' lanes (bf16 vs fp8 in one point).
-WEIGHT_FORMATS = ("bf16", "fp8")
+# A mode may name runtime settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton"):
+# a weight format (runtime.weight_format) and / or stage-B kernels (runtime.kernels). Its lanes run on a
+# shard of their own, interleaved with the other modes' lanes (bf16 vs fp8, torch vs triton in one point).
+LANE_SETTINGS = {"bf16": "weight_format", "fp8": "weight_format", "torch": "kernels", "triton": "kernels"}
 
 
-def split_mode(mode: str) -> tuple[str, str | None]:
-    """'full@fp8' -> ('full', 'fp8'); 'full' -> ('full', None)."""
-    base, _, fmt = mode.partition("@")
-    return base, fmt or None
+def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
+    """'full@fp8+triton' -> ('full', {'weight_format': 'fp8', 'kernels': 'triton'}); 'full' -> ('full', {});
+    an unknown setting -> (base, None)."""
+    base, _, rest = mode.partition("@")
+    words = [w for w in rest.split("+") if w] if rest else []
+    if any(w not in LANE_SETTINGS for w in words):
+        return base, None
+    return base, {LANE_SETTINGS[w]: w for w in words}
 
 
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
@@ -115,11 +120,10 @@ class SweepConfig:
             else:
                 _set_dotted(data, key, value, self.source)
         batches, contexts = self.grid["bench.batch"], self.grid["bench.context"]
-        base_mode, weight_format = split_mode(mode)
+        base_mode, settings = split_mode(mode)
         graph_mode, scope = MODES[base_mode]
         data.setdefault("parallel", {})["tp"] = tp
-        if weight_format is not None:
-            data.setdefault("runtime", {})["weight_format"] = weight_format
+        data.setdefault("runtime", {}).update(settings)
         # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
         slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(
@@ -233,10 +237,10 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
         bad = [v for v in sweep.grid[key] if not isinstance(v, int) or isinstance(v, bool) or v < 1]
         if bad:
             raise ConfigError(f"{src}: grid '{key}' holds {bad}; values must be positive integers")
-    bad = [m for m in sweep.modes if split_mode(m)[0] not in MODES or split_mode(m)[1] not in (None, *WEIGHT_FORMATS)]
+    bad = [m for m in sweep.modes if split_mode(m)[0] not in MODES or split_mode(m)[1] is None]
     if bad:
         raise ConfigError(f"{src}: grid 'modes' holds {bad}; allowed modes: {list(MODES)}, each optionally with "
-                          f"@<weight format> ({', '.join(WEIGHT_FORMATS)})")
+                          f"@ and settings joined by + ({', '.join(LANE_SETTINGS)})")
     b = sweep.bench
     for name in ("timed_steps", "repeats", "prefill_chunk", "allreduce_iters", "copy_mib"):
         if getattr(b, name) < 1:
