@@ -17,6 +17,7 @@ from tp_runtime.engine.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.stack import AttentionStack
+from tp_runtime.ops.select import resolve_kernels
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.weights.fill import fill_weights
 
@@ -52,7 +53,7 @@ class ModelShard:
         """Build the stack shard, draw or load its weights, allocate caches and buffers."""
         rt, device = cfg.runtime, tp.device
         dtype = resolve_dtype(rt.dtype, device)
-        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device)
+        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, resolve_kernels(rt.kernels, device, dtype))
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         capacity = buffer_capacity(cfg, oneshot)
         buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs,

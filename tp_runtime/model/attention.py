@@ -32,6 +32,7 @@ from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.model.rope import apply_rotary
 from tp_runtime.model.step_index import RingIndex
+from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
 from tp_runtime.parallel.group import TPGroup
 
@@ -58,7 +59,8 @@ class Prepared(NamedTuple):
 
 
 class DSV4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device):
+    def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
+                 kernels: str = "torch"):
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
@@ -76,7 +78,9 @@ class DSV4Attention(nn.Module):
         self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device)  # by groups
         self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device)
         self.compressor = Compressor(ratio, D, cfg.hidden_size, self.eps, dtype, device) if ratio else None
-        self.indexer = Indexer(cfg, dtype, device) if ratio == 4 else None
+        self.indexer = Indexer(cfg, dtype, device, kernels) if ratio == 4 else None
+        # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
+        self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
 
     # ------------------------------------------------------------ forward
 
@@ -126,9 +130,9 @@ class DSV4Attention(nn.Module):
         n = b.n_tokens
         picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
         n_done = b.ix.blocks[self.ratio].n_done[:n] if self.ratio else None
-        sparse_attention_torch(p.q[:n], p.kv, cache.window, b.ix.rings[self.W].tokens(0, n), cache.compressed,
-                               b.slot[:n], picks, n_done, self._n_compressed(b, picks), self.attn_sink, self.scale,
-                               b.ix.cis[self.rope_kind][:n], out[:n])
+        self._sparse_attention(p.q[:n], p.kv, cache.window, b.ix.rings[self.W].tokens(0, n), cache.compressed,
+                               b.slot[:n], picks, n_done, self._n_compressed(b, picks), self.attn_sink,
+                               self.scale, b.ix.cis[self.rope_kind][:n], out[:n])
         out[n:].zero_()
 
     def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
