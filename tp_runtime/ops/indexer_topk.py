@@ -82,19 +82,19 @@ def _select_kernel(
     CHUNK: tl.constexpr,
 ):
     t = tl.program_id(0)
-    n = tl.minimum(tl.load(nv_ptr + t), n_keys)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
     row = score_ptr + t * s_score
     o_row = out_ptr + t * s_out
     if n <= K:  # every valid key, then -1
-        for c0 in range(0, K, CHUNK):
-            j = c0 + tl.arange(0, CHUNK)
-            tl.store(o_row + j, tl.where(j < n, j, -1).to(tl.int64), mask=j < K)
+        for i0 in range(0, K, CHUNK):
+            i = i0 + tl.arange(0, CHUNK)
+            tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
     else:
         bins = tl.arange(0, 256)
         prefix = t.to(tl.int64) * 0  # the K-th largest key's bits found so far
         want = K  # keys still to take from the keys matching prefix
         for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+            shift = 24 - 8 * p
             hist = tl.zeros([256], tl.int32)
             for c0 in range(0, n, CHUNK):
                 j = c0 + tl.arange(0, CHUNK)
