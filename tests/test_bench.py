@@ -69,6 +69,7 @@ def test_tiny_sweep_local_tp1_tp2(tmp_path, capsys):
                                                                                                        (2, 1, 12)}
     for p in points:
         assert p["outputs_finite"] and p["timer"].startswith("perf_counter")
+        assert p["kernels"] == "torch"  # runtime.kernels=auto on a CPU
         assert 0 < p["step_ms_min"] <= p["step_ms_median"] <= p["step_ms_p90"] <= p["step_ms_max"]
         assert len(p["step_ms_repeats"]) == 2 and len(p["step_ms_ranks"]) == p["tp"]
         assert p["roofline_ratio"] == pytest.approx(p["step_ms_median"] / p["roofline_model_ms"])

@@ -94,3 +94,41 @@ def test_token_budget_must_cover_slots():
 def test_missing_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(ROOT / "configs" / "nope.yaml")
+
+
+def test_kernels_choice_defaults_and_is_checked():
+    assert load_config(TINY).runtime.kernels == "auto"
+    assert load_config(TINY, ["runtime.kernels=torch"]).runtime.kernels == "torch"
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels' must be one of \['auto', 'torch', 'triton'\]"):
+        load_config(TINY, ["runtime.kernels=cuda"])
+
+
+def test_triton_kernels_refused_where_they_cannot_run(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton needs a CUDA device, but runtime\.device=cpu"):
+        load_config(TINY, ["runtime.kernels=triton", "runtime.device=cpu"])
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton runs bfloat16 and float32"):
+        load_config(TINY, ["runtime.kernels=triton", "runtime.dtype=float64"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton needs the triton package"):
+        load_config(TINY, ["runtime.kernels=triton"])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton needs a CUDA device, and none is available"):
+        load_config(TINY, ["runtime.kernels=triton"])
+
+
+def test_kernels_resolve_once_per_device_and_dtype():
+    import torch
+
+    from tp_runtime.ops.select import resolve_kernels
+
+    cpu = torch.device("cpu")
+    assert resolve_kernels("auto", cpu, torch.float32) == "torch"
+    assert resolve_kernels("torch", cpu, torch.float32) == "torch"
+    with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton needs a CUDA device"):
+        resolve_kernels("triton", cpu, torch.float32)

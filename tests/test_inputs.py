@@ -68,6 +68,7 @@ def test_run_json_has_the_documented_fields():
                 "tokens_per_s", "output_checksum"):
         assert key in rec
     assert rec["requests"] == 8 and rec["layers"] == 6 and rec["output_checksum"] > 0
+    assert rec["kernels_requested"] == "auto" and rec["kernels"] in ("torch", "triton")
 
 
 def test_breakable_without_gpu_warns_and_runs_eagerly():

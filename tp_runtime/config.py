@@ -117,6 +117,10 @@ class RuntimeConfig:
     # FP8 tensors (wq_a, wkv, wq_b, wo_a, wo_b, indexer.wq_b) stay float8_e4m3fn with their 128 x 128
     # block scales and run through the FP8 GEMM (ops/fp8_linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
     weight_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
+    # Stage-B kernels: torch (the plain path, the semantics, any device) | triton (fused kernels of
+    # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,
+    # else torch). The resolved choice is named in every run report and bench record.
+    kernels: str = field(default="auto", metadata=_choices("auto", "torch", "triton"))
 
 
 @dataclass
@@ -415,6 +419,12 @@ def validate(cfg: RunConfig) -> None:
     _require(p.timeout_s > 0 and p.placement_timeout_s > 0, cfg, "'parallel.*timeout_s' must be positive")
     for name in ("max_seqs", "max_len", "max_tokens_per_step", "prefill_chunk"):
         _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}")
+    _require(r.kernels != "triton" or r.dtype != "float64", cfg,
+             "'runtime.kernels'=triton runs bfloat16 and float32; runtime.dtype=float64 needs runtime.kernels=torch "
+             "(or auto)")
+    if r.kernels == "triton":
+        missing = triton_unavailable(r.device)
+        _require(missing is None, cfg, f"'runtime.kernels'=triton needs {missing}; use runtime.kernels=torch or auto")
     _require(r.max_tokens_per_step >= r.max_seqs, cfg,
              f"'runtime.max_tokens_per_step'={r.max_tokens_per_step} must be at least runtime.max_seqs={r.max_seqs} "
              "so every running sequence can decode each step")
@@ -436,6 +446,21 @@ def validate(cfg: RunConfig) -> None:
              f"{m.q_lora_rank} must be a multiple of 128")
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
              f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}")
+
+
+def triton_unavailable(device: str) -> str | None:
+    """Why the Triton kernels cannot run for runtime.device=`device` here ('auto', 'cpu', 'cuda'), or None."""
+    if device == "cpu":
+        return "a CUDA device, but runtime.device=cpu"
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package, which is not installed here"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"a CUDA device, and none is available here (runtime.device={device})"
+    return None
 
 
 def compressed_len(max_len: int, ratio: int) -> int:

@@ -400,7 +400,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "graph_captured": bool(w.graph_sets), "replayed_fraction": lane.replayed / n_timed,
            "graphs": {g.kind: g.stats() for g in w.graph_sets},
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
-           "weight_format": cfg.runtime.weight_format,
+           "weight_format": cfg.runtime.weight_format, "kernels": w.stack.kernels,
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
            "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,

@@ -36,6 +36,7 @@ class RunResult:
     outputs: dict[int, torch.Tensor] | None = None  # request id -> [L, hidden] fp32 (cpu)
     device: str = ""
     dtype: str = ""
+    kernels: str = ""  # the resolved runtime.kernels: torch | triton
     graph: dict = field(default_factory=dict)
     load: dict = field(default_factory=dict)
 
@@ -51,7 +52,8 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     keep = keep_outputs or bool(cfg.workload.dump)
     sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
                        oneshot) if tp.rank == 0 else None)
-    res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."), load=worker.load_report)
+    res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."),
+                    kernels=worker.stack.kernels, load=worker.load_report)
     parts: dict[int, list[torch.Tensor]] = {}
     checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
     timer, decode_steps = StepTimer(worker.device), []

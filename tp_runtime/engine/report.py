@@ -18,6 +18,8 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "device": res.device,
         "dtype": res.dtype,
         "weight_format": cfg.runtime.weight_format,
+        "kernels": res.kernels,
+        "kernels_requested": cfg.runtime.kernels,
         "graph_mode": cfg.graph.mode if g else "eager",
         "graph_mode_requested": cfg.graph.mode,
         "break_scope": cfg.graph.break_scope,
@@ -51,7 +53,8 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     rec = run_record(cfg, res, command)
     med = rec["decode_step_ms_median"]
     print(f"tp_runtime {command}: tp={rec['tp']} launcher={rec['launcher']} device={rec['device']} "
-          f"dtype={rec['dtype']} graphs={rec['graph_mode']} ({rec['break_scope']}) layers={rec['layers']}")
+          f"dtype={rec['dtype']} kernels={rec['kernels']} graphs={rec['graph_mode']} ({rec['break_scope']}) "
+          f"layers={rec['layers']}")
     print(f"  requests {rec['completed']} completed, {len(rec['rejected'])} rejected; "
           f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
     for reason in rec["rejected"]:

@@ -31,7 +31,9 @@ from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.model.rope import apply_rotary
+from tp_runtime.model.step_index import RingIndex
 from tp_runtime.ops.fp8_linear import fp8_linear
+from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
 from tp_runtime.parallel.group import TPGroup
 
@@ -87,7 +89,7 @@ def x_gemms(cfg: ModelConfig, ratio: int, fp8: bool) -> list[tuple[str, bool, li
 
 class DSV4Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
-                 fp8: bool = False):
+                 kernels: str = "torch", fp8: bool = False):
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
@@ -108,7 +110,9 @@ class DSV4Attention(nn.Module):
         self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device, fp8)  # by groups
         self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device, fp8)
         self.compressor = Compressor(ratio, D, self.eps, dtype, device) if ratio else None
-        self.indexer = Indexer(cfg, dtype, device, fp8) if ratio == 4 else None
+        self.indexer = Indexer(cfg, dtype, device, kernels, fp8) if ratio == 4 else None
+        # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
+        self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
 
     # ------------------------------------------------------------ forward
 
@@ -159,11 +163,10 @@ class DSV4Attention(nn.Module):
         b = live.batch
         n = b.n_tokens
         picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
-        o = torch.empty_like(p.q[:n])
-        for s, e in token_chunks(n, (self.W + self._n_compressed(b, picks)) * self.D):
-            rows, valid = self._candidates(p.kv, b, cache, picks, s, e)
-            o[s:e] = sparse_attention(p.q[s:e], rows, valid, self.attn_sink, self.scale).to(o.dtype)
-        out[:n] = apply_rotary(o, b.ix.cis[self.rope_kind][:n], inverse=True).flatten(1)
+        n_done = b.ix.blocks[self.ratio].n_done[:n] if self.ratio else None
+        self._sparse_attention(p.q[:n], p.kv, cache.window, b.ix.rings[self.W].tokens(0, n), cache.compressed,
+                               b.slot[:n], picks, n_done, self._n_compressed(b, picks), self.attn_sink,
+                               self.scale, b.ix.cis[self.rope_kind][:n], out[:n])
         out[n:].zero_()
 
     def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
@@ -182,27 +185,46 @@ class DSV4Attention(nn.Module):
         z = torch.einsum("tgd,grd->tgr", og, wo_a)
         return self.wo_b(z.flatten(1))
 
-    # ------------------------------------------------------------ candidates of stage B
-
     def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
+        """C, the host bound on a token's compressed candidates: K picks (ratio 4), every entry a
+        position up to max_pos completes (ratio 128), none (window-only)."""
         if picks is not None:
             return picks.shape[1]
         return (b.max_pos + 1) // self.ratio if self.ratio else 0
 
-    def _candidates(self, kv: torch.Tensor, b: StepBatch, cache: LayerCache, picks: torch.Tensor | None,
-                    s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [t, W + C, D] and validity [t, W + C] for tokens s..e: window rows, then compressed rows."""
-        ring = b.ix.rings[self.W].tokens(s, e)
-        rows, valid = gather_rows(kv, cache.window, ring), ring.valid  # [t, W], oldest first
-        if not self.ratio:
-            return rows, valid
-        if picks is not None:  # CSA: the indexer's top-K
-            idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
-        else:  # HCA: every completed entry
-            idx = torch.arange(self._n_compressed(b, None), device=kv.device)[None].expand(e - s, -1)
-            ok = idx < b.ix.blocks[self.ratio].n_done[s:e, None]
-        crow = cache.compressed[b.slot[s:e, None], idx]
-        return torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+
+# ---------------------------------------------------------------- the attention of stage B, torch path
+
+
+def sparse_attention_torch(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: RingIndex,
+                           compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
+                           n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
+                           cis: torch.Tensor, out: torch.Tensor) -> None:
+    """Steps 9-11 for T tokens on the torch path: gather each token's candidates (its W window rows,
+    oldest first, then its compressed rows), sparse attention with sink, inverse rotary; o into out [T, Hl*D].
+
+    q [T, Hl, D]; kv [T, D] this step's rows (the ring must not yet hold them); window [slots, W, D];
+    ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only);
+    slot [T]; picks [T, C] (ratio 4: the indexer's picks, -1 = none) or None (ratio 128: every entry
+    < n_done[t] of the first n_comp); n_done [T]; n_comp: C; sink [Hl] fp32; cis [T, Dr/2] at pos.
+    `ops.sparse_attention.sparse_attention_sink` computes the same without gathering.
+    """
+    T, _, D = q.shape
+    W = window.shape[1]
+    o = torch.empty_like(q)
+    for s, e in token_chunks(T, (W + n_comp) * D):
+        ix = ring.tokens(s, e)
+        rows, valid = gather_rows(kv, window, ix), ix.valid  # [t, W], oldest first
+        if compressed is not None:
+            if picks is not None:  # CSA: the indexer's top-K
+                idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
+            else:  # HCA: every completed entry
+                idx = torch.arange(n_comp, device=q.device)[None].expand(e - s, -1)
+                ok = idx < n_done[s:e, None]
+            crow = compressed[slot[s:e, None], idx]
+            rows, valid = torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+        o[s:e] = sparse_attention(q[s:e], rows, valid, sink, scale).to(o.dtype)
+    out.copy_(apply_rotary(o, cis, inverse=True).flatten(1))
 
 
 @eager_break_during_capture

@@ -18,15 +18,19 @@ from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.layers import ReplicatedLinear
 from tp_runtime.model.rope import apply_rotary
+from tp_runtime.ops.indexer_topk import indexer_topk as triton_indexer_topk
 from tp_runtime.ops.torch_path import indexer_topk
 
 
 class Indexer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, fp8: bool = False):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, kernels: str = "torch",
+                 fp8: bool = False):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device, fp8)
         self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device)
+        # Scores and top-K (ops/select.py): torch_path's or the Triton kernels'; same signature and meaning.
+        self._topk = triton_indexer_topk if kernels == "triton" else indexer_topk
 
     def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
                 cache: LayerCache) -> torch.Tensor:
@@ -39,4 +43,4 @@ class Indexer(nn.Module):
         """Stage B, host metadata: the chosen entries [n, min(K, N)] of the n real tokens, -1 where none."""
         n = b.n_tokens
         n_keys = (b.max_pos + 1) // 4  # entries any token of this step may see (host bound)
-        return indexer_topk(q[:n], w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n], n_keys, self.topk)
+        return self._topk(q[:n], w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n], n_keys, self.topk)

@@ -22,25 +22,27 @@ from tp_runtime.parallel.group import TPGroup
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
-                 fp8: bool):
+                 kernels: str, fp8: bool):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.attn = DSV4Attention(cfg, ratio, tp, dtype, device, fp8)
+        self.attn = DSV4Attention(cfg, ratio, tp, dtype, device, kernels, fp8)
 
 
 class AttentionStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device,
-                 fp8: bool = False):
-        """fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8)."""
+                 kernels: str = "torch", fp8: bool = False):
+        """kernels: the resolved stage-B kernels ('torch' | 'triton', ops/select.py `resolve_kernels`);
+        fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8)."""
         super().__init__()
-        self.cfg, self.tp, self.dtype, self.device, self.fp8 = cfg, tp, dtype, device, fp8
+        self.cfg, self.tp, self.dtype, self.device = cfg, tp, dtype, device
+        self.kernels, self.fp8 = kernels, fp8
         self.layer_ids = cfg.layer_ids()
         self.ratios = [cfg.compress_ratios[i] for i in self.layer_ids]
         max_pos = max_len + 1  # positions 0..max_len-1 and compressed-entry positions i*r <= max_len
         # What the layers read per step (rings, blocks, rotary tables), built once per step by StepBuffers.
         self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device)
         self.layers = nn.ModuleDict({
-            str(i): Block(cfg, r, tp, dtype, device, fp8) for i, r in zip(self.layer_ids, self.ratios)})
+            str(i): Block(cfg, r, tp, dtype, device, kernels, fp8) for i, r in zip(self.layer_ids, self.ratios)})
 
     def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
         return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device) for r in self.ratios]

@@ -1,0 +1,290 @@
+"""The Triton kernels of stage B against the torch path, on random inputs.
+
+Run on a GPU machine: `pytest -m gpu tests/test_kernels_gpu.py`. Where Triton is installed without a
+GPU, `TRITON_INTERPRET=1 pytest -m gpu tests/test_kernels_gpu.py` runs the same checks on the CPU
+through Triton's interpreter (slowly; it checks indexing and masking, not the compiled code).
+
+Tolerances (relative error of each token's output row, ||a - b|| / ||b||):
+- bf16: both paths accumulate in fp32 from bf16 inputs; the torch path rounds o to bf16 before the
+  inverse rotary and the kernel rounds once after it, and the kernel feeds p to the second product in
+  bf16. Each is ~2^-9 relative per element, so rows differ by ~3e-3; 1e-2 leaves room, while a wrong
+  row, mask or sink moves a row by far more (a dropped candidate among 640 moves it by ~1e-1 or more).
+- fp32: exact products (dots in IEEE fp32), summation order differs: ~1e-6; 2e-5.
+- top-K: with integer-valued inputs every score is exact on both paths, so the index sets must be
+  identical, ties included (broken to the lower index). With float inputs the two paths may round
+  a score differently by an ulp, so a pick may differ only where the two scores lie within 1e-5
+  (relative) of the K-th score.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tp_runtime.config import ModelConfig
+from tp_runtime.model.attention import sparse_attention_torch
+from tp_runtime.model.rope import RotaryTable
+from tp_runtime.model.step_index import ring_index
+from tp_runtime.ops import torch_path
+
+triton = pytest.importorskip("triton")
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
+                                 reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+from tp_runtime.ops.indexer_topk import indexer_topk
+from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink
+
+FLASH = ModelConfig()  # the released Flash dims are the defaults
+TOL = {torch.bfloat16: 1e-2, torch.float32: 2e-5}
+# Triton's interpreter computes bf16 products wrongly (numpy has no bf16): there, fp32 only.
+DTYPES = [torch.float32] if INTERPRET else [torch.bfloat16, torch.float32]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)).max())
+
+
+# ------------------------------------------------------------------ a step of several sequences
+
+
+class Step:
+    """T tokens of chunks (slot, first position, length) with caches and a RingIndex of W rows."""
+
+    def __init__(self, chunks: list[tuple[int, int, int]], W: int, trash: int):
+        rows = [[], [], [], [], []]
+        i = 0
+        for slot, start, length in chunks:
+            rows[0] += [slot] * length
+            rows[1] += range(start, start + length)
+            rows[2] += [i] * length
+            rows[3] += [start] * length
+            rows[4] += [start + length - 1] * length
+            i += length
+        self.slot, self.pos, start_idx, start_pos, last_pos = torch.tensor(rows, dtype=torch.long, device=DEV)
+        self.T = i
+        self.ring = ring_index(W, self.slot, self.pos, start_idx, start_pos, last_pos, trash)
+
+
+def attention_case(chunks, n_heads: int, ratio: int, dtype: torch.dtype, seed: int, D: int = 512, dr: int = 64,
+                   W: int = 128, topk: int = 512, max_len: int = 4096, slots: int = 4):
+    g = _gen(seed)
+    st = Step(chunks, W, trash=slots)
+    T = st.T
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=DEV) * scale).to(dtype)
+
+    # q scaled so that the softmax is neither flat nor one-hot: |s| ~ 3
+    q = randn(T, n_heads, D, scale=3.0)
+    kv = randn(T, D)
+    window = randn(slots + 1, W, D)
+    sink = torch.randn(n_heads, generator=g, device=DEV)
+    table = RotaryTable(dr, FLASH.compress_rope_theta, FLASH.rope_scaling, max_len + 1, DEV)
+    cis = table.at(st.pos)
+    compressed = picks = n_done = None
+    n_comp = 0
+    if ratio:
+        compressed = randn(slots + 1, -(-max_len // ratio), D)
+        n_done = (st.pos + 1) // ratio
+        if ratio == 4:
+            n_comp = min(topk, max_len // 4)
+            picks = torch.full((T, n_comp), -1, dtype=torch.long, device=DEV)
+            for t in range(T):  # as the indexer leaves them: distinct valid entries first, then -1
+                n = min(n_comp, int(n_done[t]))
+                picks[t, :n] = torch.randperm(int(n_done[t]), generator=g, device=DEV)[:n]
+        else:
+            n_comp = max_len // ratio
+    args = (q, kv, window, st.ring, compressed, st.slot, picks, n_done, n_comp, sink, D ** -0.5, cis)
+    return T, args
+
+
+def run_both(T, args, n_heads, D=512, config=None):
+    ref = torch.full((T, n_heads * D), float("nan"), dtype=args[0].dtype, device=DEV)
+    sparse_attention_torch(*args, ref)
+    out = torch.full_like(ref, float("nan"))  # poisoned: an unwritten element fails
+    sparse_attention_sink(*args, out, config=config)
+    assert not out.isnan().any()
+    return out, ref
+
+
+# Contexts around the window edge (127, 128) and the 4- and 128-token block edges; 0: no compressed entry.
+DECODE_POS = [0, 2, 3, 4, 126, 127, 128, 129, 255, 256, 511, 2047, 4095]
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_heads", [64, 32, 16, 8])
+def test_attention_decode(ratio, dtype, n_heads):
+    # One decode token per slot at each context; T = 1 (split over programs) and a batch of them.
+    for i, p in enumerate(DECODE_POS):
+        T, args = attention_case([(0, p, 1)], n_heads, ratio, dtype, seed=i)
+        out, ref = run_both(T, args, n_heads)
+        assert rel_err(out, ref) < TOL[dtype], (p, rel_err(out, ref))
+    chunks = [(i % 4, p, 1) for i, p in enumerate(DECODE_POS)]
+    T, args = attention_case(chunks, n_heads, ratio, dtype, seed=99)
+    out, ref = run_both(T, args, n_heads)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_prefill_chunks(ratio, dtype):
+    # A 300-token chunk after 200 cached positions, a 256-token chunk from position 0, one decode token:
+    # window rows come from the step's own rows and from the ring.
+    chunks = [(0, 200, 300), (1, 0, 256), (2, 1000, 1)]
+    if not INTERPRET:
+        chunks.append((3, 3000, 512))
+    T, args = attention_case(chunks, 64, ratio, dtype, seed=7)
+    out, ref = run_both(T, args, 64)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("splits_len", [32, 128, 4096])
+def test_attention_forced_splits_match(splits_len):
+    # The split path (partials + combine) and the single pass give the same rows at any split size.
+    T, args = attention_case([(0, 700, 1), (1, 3000, 2), (2, 5, 1)], 16, 4, torch.float32, seed=3)
+    out, ref = run_both(T, args, 16, config=AttnConfig(16, 32, 4, 1, splits_len))
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_attention_tiny_dims():
+    # tiny.yaml's dims (D = 32, Dr = 8, W = 16, 4 local heads): blocks mix window and compressed rows.
+    for ratio in (0, 4, 128):
+        T, args = attention_case([(0, 40, 20), (1, 300, 1)], 4, ratio, torch.float32, seed=5, D=32, dr=8, W=16,
+                                 topk=8, max_len=512)
+        out, ref = run_both(T, args, 4, D=32)
+        assert rel_err(out, ref) < TOL[torch.float32]
+
+
+# ------------------------------------------------------------------ indexer top-K
+
+
+def topk_case(n_valid: list[int], n_keys: int, dtype, seed: int, integer: bool, n_heads=64, dim=128, slots=4):
+    g = _gen(seed)
+    T = len(n_valid)
+    if integer:  # small integers: every dot product and weighted sum is exact in fp32 -> exact ties
+        q = torch.randint(-2, 3, (T, n_heads, dim), generator=g, device=DEV).to(dtype)
+        keys = torch.randint(-1, 2, (slots + 1, n_keys + 3, dim), generator=g, device=DEV).to(dtype)
+        w = torch.randint(-2, 3, (T, n_heads), generator=g, device=DEV).to(dtype)
+    else:
+        q = torch.randn(T, n_heads, dim, generator=g, device=DEV).to(dtype)
+        keys = torch.randn(slots + 1, n_keys + 3, dim, generator=g, device=DEV).to(dtype)
+        w = torch.randn(T, n_heads, generator=g, device=DEV).to(dtype)
+    slot = torch.randint(0, slots + 1, (T,), generator=g, device=DEV)
+    return q, w, keys, slot, torch.tensor(n_valid, dtype=torch.long, device=DEV)
+
+
+def _scores(q, w, keys, slot, n_keys):
+    """The torch path's score (its own expression, fp32)."""
+    kk = keys[slot, :n_keys].float()
+    logits = torch.einsum("thd,tnd->thn", q.float(), kk).relu_()
+    return torch.einsum("thn,th->tn", logits, w.float()) * (q.shape[2] ** -0.5 * q.shape[1] ** -0.5)
+
+
+def check_topk(case, n_keys: int, k: int, exact: bool):
+    q, w, keys, slot, nv = case
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    n = torch.minimum(nv, torch.tensor(n_keys, device=DEV)).clamp(max=ref.shape[1])
+    for t in range(len(nv)):
+        r, o = ref[t].tolist(), got[t].tolist()
+        m = int(n[t])
+        assert o[:m].count(-1) == 0 and o[m:] == [-1] * (len(o) - m), f"token {t}: picks not packed"
+        rs, os_ = set(r[:m]), set(o[:m])
+        assert len(os_) == m, f"token {t}: repeated picks"
+        if exact:
+            assert rs == os_, f"token {t}: {sorted(rs - os_)[:5]} vs {sorted(os_ - rs)[:5]}"
+        elif rs != os_:  # only near-ties of the K-th score may differ
+            sc = _scores(q[t:t + 1], w[t:t + 1], keys, slot[t:t + 1], n_keys)[0]
+            kth = sc[r[m - 1]]
+            for i in rs ^ os_:
+                assert abs(float(sc[i] - kth)) <= 1e-5 * max(abs(float(kth)), 1e-6), (t, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_exact_ties_and_counts(dtype):
+    # Integer inputs: many exact ties (relu zeros, equal sums). Counts: none, fewer than K, exactly K,
+    # K + 1, block edges of the score kernel (64) and select chunks (1024), all keys valid.
+    n_keys, k = 2048, 512
+    nv = [0, 1, 3, 63, 64, 65, 511, 512, 513, 1000, 1023, 1024, 1025, 2047, 2048, 5000]
+    check_topk(topk_case(nv, n_keys, dtype, seed=1, integer=True), n_keys, k, exact=True)
+
+
+def test_topk_all_scores_tie():
+    # w = 0: every score is 0 (or -0): the K lowest indices win.
+    q, w, keys, slot, nv = topk_case([900, 100, 2000], 2048, DTYPES[0], seed=2, integer=True)
+    check_topk((q, torch.zeros_like(w), keys, slot, nv), 2048, 512, exact=True)
+    got = indexer_topk(q, torch.zeros_like(w), keys, slot, nv, 2048, 512)
+    assert sorted(got[0].tolist()) == list(range(512)) and sorted(got[2].tolist()) == list(range(512))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_float_inputs(dtype):
+    n_keys, k = 4096, 512
+    nv = [4096, 3000, 1024, 600, 7, 4000]
+    check_topk(topk_case(nv, n_keys, dtype, seed=3, integer=False), n_keys, k, exact=False)
+
+
+def test_topk_shapes_and_small_heads():
+    # k > n_keys (short max_len): [T, n_keys]; tiny dims (8 heads of 16 dims, K = 8).
+    check_topk(topk_case([5, 100, 128], 128, torch.float32, seed=4, integer=True), 128, 512, exact=True)
+    check_topk(topk_case([0, 3, 9, 40, 128], 128, torch.float32, seed=5, integer=True, n_heads=8, dim=16),
+               128, 8, exact=True)
+    q, w, keys, slot, nv = topk_case([3], 16, torch.float32, seed=6, integer=True)
+    assert indexer_topk(q, w, keys, slot, nv, 0, 512).shape == (1, 0)
+
+
+@pytest.mark.skipif(INTERPRET, reason="prefill-sized batch: slow in the interpreter")
+def test_topk_prefill_chunk():
+    # A 512-token chunk: counts grow with the position, 1..1024 keys.
+    n_keys = 1024
+    nv = [(p + 1) // 4 for p in range(3584, 4096)]
+    check_topk(topk_case(nv, n_keys, torch.bfloat16, seed=8, integer=True), n_keys, 512, exact=True)
+
+
+# ------------------------------------------------------------------ capture
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_kernels_replay_in_a_cuda_graph(ratio):
+    # Captured once on one step's tensors, replayed after every device input changed (positions, rows,
+    # picks, counts): the replay equals the torch path on the new inputs. T = 1 (split) and T = 8.
+    batch_a = [(i % 4, 50 + 300 * i, 1) for i in range(8)]
+    batch_b = [(i % 4, 4000 - 450 * i, 1) for i in range(8)]
+    for chunks_a, chunks_b in (([(0, 130, 1)], [(2, 3000, 1)]), (batch_a, batch_b)):
+        T, a = attention_case(chunks_a, 64, ratio, torch.bfloat16, seed=11)
+        _, b = attention_case(chunks_b, 64, ratio, torch.bfloat16, seed=12)
+        tq = topk_case([p // 4 for _, p, _ in chunks_a], 1024, torch.bfloat16, seed=13, integer=True)
+        tb = topk_case([p // 4 for _, p, _ in chunks_b], 1024, torch.bfloat16, seed=14, integer=True)
+        out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+        sparse_attention_sink(*a, out)  # compile outside the capture
+        indexer_topk(*tq, 1024, 512)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            sparse_attention_sink(*a, out)
+            picks = indexer_topk(*tq, 1024, 512)
+        for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+            elif isinstance(dst, tuple):  # the RingIndex
+                for x, y in zip(dst, src):
+                    x.copy_(y)
+        out.fill_(float("nan"))
+        g.replay()
+        ref = torch.empty_like(out)
+        sparse_attention_torch(*b, ref)
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+        assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)

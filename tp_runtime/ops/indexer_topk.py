@@ -1,0 +1,152 @@
+"""Indexer scores and top-K selection over the compressed keys, in the kernel (Triton).
+
+Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[t], n_keys) keys,
+
+    I[t, s] = Id^-0.5 * Ih^-0.5 * sum_h w[t, h] * relu(q[t, h] . keys[slot[t], s]),   s < n[t]
+
+and the K largest, ties to the lower index, -1 where fewer than K exist. Two kernels:
+
+1. `_score_kernel`, grid (T, key blocks): one block of keys of one token per program, fp32 scores
+   into a scratch row; a program whose block starts at or past n[t] (read from device memory)
+   returns at once, so keys past a token's count are never read.
+2. `_select_kernel`, grid (T,): a radix select on the scores' order-preserving 32-bit keys (4 passes
+   of 8-bit histograms over the token's n[t] scores find the K-th largest key and how many keys equal
+   to it are taken), then one pass writes the chosen indices, in index order, the equal keys of lowest
+   index first. When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch.
+
+The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
+it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
+-0.0 and +0.0 count as equal, as in torch's sort.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the module imports, its kernels cannot run
+    triton = tl = None
+
+
+def _jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+@_jit
+def _score_kernel(
+    q_ptr, sq_t, sq_h,  # q [T, Ih, Id], last dim contiguous
+    w_ptr, sw_t,  # w [T, Ih]
+    k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous
+    slot_ptr, nv_ptr,  # [T] long each
+    score_ptr, s_score,  # scratch [T, n_keys] fp32
+    n_keys, scale,
+    IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    t = tl.program_id(0)
+    start = tl.program_id(1) * BLOCK_N
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys)
+    if start < n:
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        qm = (h < IH)[:, None] & (d < ID)[None, :]
+        q = tl.load(q_ptr + t * sq_t + h[:, None] * sq_h + d[None, :], mask=qm, other=0.0)  # [BLOCK_H, BLOCK_D]
+        w = tl.load(w_ptr + t * sw_t + h, mask=h < IH, other=0.0).to(tl.float32)  # [BLOCK_H]
+        s = start + tl.arange(0, BLOCK_N)
+        km = s < n
+        slot = tl.load(slot_ptr + t)
+        k = tl.load(k_ptr + slot * sk_slot + s[:, None].to(tl.int64) * sk_row + d[None, :],
+                    mask=km[:, None] & (d < ID)[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N] fp32
+        score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
+        tl.store(score_ptr + t * s_score + s, score, mask=km)
+
+
+@_jit
+def _order_key(score):
+    """fp32 -> int64 in [0, 2^32) with the order of the floats (-0.0 and +0.0 equal)."""
+    score = tl.where(score == 0.0, 0.0, score)
+    b = score.to(tl.int32, bitcast=True)
+    b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # signed order of the floats
+    return b.to(tl.int64) + 2147483647 + 1
+
+
+@_jit
+def _select_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K,
+    CHUNK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    row = score_ptr + t * s_score
+    o_row = out_ptr + t * s_out
+    if n <= K:  # every valid key, then -1
+        for i0 in range(0, K, CHUNK):
+            i = i0 + tl.arange(0, CHUNK)
+            tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+    else:
+        bins = tl.arange(0, 256)
+        prefix = t.to(tl.int64) * 0  # the K-th largest key's bits found so far
+        want = K  # keys still to take from the keys matching prefix
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            hist = tl.zeros([256], tl.int32)
+            for c0 in range(0, n, CHUNK):
+                j = c0 + tl.arange(0, CHUNK)
+                m = j < n
+                key = _order_key(tl.load(row + j, mask=m, other=0.0))
+                if p > 0:
+                    m = m & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=m)
+            above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
+            b = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+            want -= tl.sum(tl.where(bins == b, above, 0), axis=0)
+            prefix = prefix | (b.to(tl.int64) << shift)
+        # Keys above prefix are all taken; of the keys equal to it, the `want` of lowest index.
+        taken = 0
+        eq_seen = 0
+        for c0 in range(0, n, CHUNK):
+            j = c0 + tl.arange(0, CHUNK)
+            m = j < n
+            key = _order_key(tl.load(row + j, mask=m, other=0.0))
+            eq = (m & (key == prefix)).to(tl.int32)
+            eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
+            sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
+            si = sel.to(tl.int32)
+            tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, j.to(tl.int64), mask=sel)
+            taken += tl.sum(si, axis=0)
+            eq_seen += tl.sum(eq, axis=0)
+
+
+def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
+                 n_keys: int, k: int) -> torch.Tensor:
+    """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
+
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id], slot [T], n_valid [T]: token t may pick
+    s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first (index order).
+    The signature and meaning of `torch_path.indexer_topk`.
+    """
+    T, ih, idim = q.shape
+    k = min(k, n_keys)
+    out = torch.empty(T, k, dtype=torch.long, device=q.device)
+    if k == 0 or T == 0:
+        return out.fill_(-1)
+    assert q.stride(2) == 1 and keys.stride(2) == 1
+    scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
+    block_h = max(16, triton.next_power_of_2(ih))
+    block_d = max(16, triton.next_power_of_2(idim))
+    block_n = 64
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _score_kernel[(T, triton.cdiv(n_keys, block_n))](
+        q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
+        scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
+        IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n, PRECISION=precision,
+        num_warps=4, num_stages=2)
+    _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
+                         CHUNK=1024, num_warps=4)
+    return out

@@ -1,0 +1,257 @@
+"""Sparse attention with sink over a token's window rows and compressed rows, read from the caches by index (Triton).
+
+For token t and local head h, with candidates j = the W window positions pos_t - W + 1 .. pos_t (oldest
+first) followed by the compressed entries (ratio 4: the indexer's picks; ratio 128: every entry below
+the token's count of completed blocks):
+
+    s_j = scale * q[t, h] . row_j,   m = max(max_j s_j, sink_h)
+    o[t, h] = sum_j exp(s_j - m) row_j / (sum_j exp(s_j - m) + exp(sink_h - m))
+
+then the inverse rotary of o's last Dr dims at pos_t (GPT-J pairs), written into the caller's buffer.
+This is what `DSV4Attention.attend` computes on the torch path (candidates gathered, then
+`torch_path.sparse_attention`, then `apply_rotary(inverse=True)`), without gathering candidates:
+
+- a window row comes from this step's own kv where the RingIndex says `in_step`, else from the ring
+  `window.view(-1, D)[ring_row]`; `valid` masks positions before 0;
+- compressed rows come from `compressed[slot[t], idx]`; the count a token reads is min(C, n_done[t]),
+  read from device memory, so the loop stops there (picks are packed: valid picks first, then -1);
+- the online softmax runs in fp32 with the sink as the initial running max and denominator 1, so it
+  enters the denominator only;
+- where one program per (token, block of heads) leaves the GPU mostly idle (decode at small batch),
+  the candidates are split over programs (flash-decoding) and a second kernel combines the splits,
+  adds the sink and applies the inverse rotary.
+
+Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
+C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the module imports, its kernels cannot run
+    triton = tl = None
+
+if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
+    from tp_runtime.model.step_index import RingIndex
+
+
+def _jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+@_jit
+def _inverse_rope(o, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
+    """o [BLOCK_H, BLOCK_D] fp32 -> o with pairs (2i, 2i+1) of dims [D - DR, D) turned by conj(cis[i]).
+    cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32."""
+    ev, od = tl.split(tl.reshape(o, (BLOCK_H, BLOCK_D // 2, 2)))  # [BLOCK_H, BLOCK_D/2] each
+    pair = tl.arange(0, BLOCK_D // 2)
+    k = pair - (D - DR) // 2
+    rope = (k >= 0) & (pair < D // 2)
+    k = tl.where(rope, k, 0)
+    c = tl.load(cis_row + 2 * k, mask=rope, other=1.0)[None, :]
+    s = tl.load(cis_row + 2 * k + 1, mask=rope, other=0.0)[None, :]
+    # (a + ib)(c - is) = (ac + bs) + i(bc - as)
+    return tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BLOCK_H, BLOCK_D))
+
+
+@_jit
+def _sparse_attn_kernel(
+    q_ptr, sq_t, sq_h,  # q [T, H, D], last dim contiguous
+    kv_ptr, skv_t,  # this step's window rows [T, D]
+    win_ptr, swin,  # window ring viewed as [slots * W, D]
+    in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va,  # RingIndex rows [T, W]
+    comp_ptr, sc_slot, sc_row,  # compressed rows [slots, N, D]
+    slot_ptr,  # [T] long
+    picks_ptr, s_pk,  # [T, C] long, -1 = none (ratio 4)
+    n_done_ptr,  # [T] long: completed entries (ratio 4 and 128)
+    sink_ptr,  # [H] fp32
+    cis_ptr, s_cis,  # [T, DR/2, 2] fp32
+    out_ptr, s_out,  # [T, H * D]
+    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D] fp32, [T, S, H, 2] fp32 (split)
+    H, C, scale, n_splits, split_len,
+    W: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
+    HAS_COMP: tl.constexpr, HAS_PICKS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + d[None, :], mask=hmask[:, None] & dmask[None, :],
+                other=0.0)  # [BLOCK_H, BLOCK_D]
+
+    total = W
+    if HAS_COMP:
+        total += tl.minimum(tl.load(n_done_ptr + t), C)  # candidates this token reads (device count)
+    lo = sp * split_len
+    hi = tl.minimum(lo + split_len, total)
+    slot = tl.load(slot_ptr + t)
+
+    if not SPLIT:  # the sink: initial running max, denominator exp(sink - sink) = 1
+        m = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        den = tl.full([BLOCK_H], 1.0, tl.float32)
+    else:  # a split's partial softmax; the combine adds the sink
+        m = tl.full([BLOCK_H], -1.0e30, tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+
+    for start in range(lo, hi, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)  # candidate numbers [BLOCK_N]
+        live = j < hi
+        is_win = j < W
+        wj = tl.minimum(j, W - 1)
+        wm = live & is_win
+        ins = tl.load(in_step_ptr + t * s_in + wj, mask=wm, other=0) != 0
+        srow = tl.load(step_row_ptr + t * s_sr + wj, mask=wm & ins, other=0)
+        rrow = tl.load(ring_row_ptr + t * s_rr + wj, mask=wm & (~ins), other=0)
+        ok = wm & (tl.load(valid_ptr + t * s_va + wj, mask=wm, other=0) != 0)
+        ptr = tl.where(ins, kv_ptr + srow * skv_t, win_ptr + rrow * swin)
+        if HAS_COMP:
+            c = tl.maximum(j - W, 0)
+            cm = live & (~is_win)
+            if HAS_PICKS:
+                idx = tl.load(picks_ptr + t * s_pk + c, mask=cm, other=-1)
+                cok = cm & (idx >= 0)
+                idx = tl.maximum(idx, 0)
+            else:
+                idx = c.to(tl.int64)
+                cok = cm
+            ptr = tl.where(is_win, ptr, comp_ptr + slot * sc_slot + idx * sc_row)
+            ok = ok | cok
+        rows = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(rows), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_N] fp32
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        den = den * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(rows.dtype), rows, input_precision=PRECISION)
+        m = m_new
+
+    if not SPLIT:
+        o = _inverse_rope(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR)
+        tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=hmask[:, None] & dmask[None, :])
+    else:
+        row = (t * n_splits + sp) * H + heads  # [BLOCK_H]
+        tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hmask[:, None])
+        tl.store(part_ml_ptr + row * 2, m, mask=hmask)
+        tl.store(part_ml_ptr + row * 2 + 1, den, mask=hmask)
+
+
+@_jit
+def _combine_kernel(
+    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32
+    sink_ptr, cis_ptr, s_cis, out_ptr, s_out, H, n_splits,
+    D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    d = tl.arange(0, BLOCK_D)
+    sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+    m = sink
+    for sp in range(n_splits):
+        m = tl.maximum(m, tl.load(part_ml_ptr + ((t * n_splits + sp) * H + heads) * 2, mask=hmask, other=0.0))
+    den = tl.exp(sink - m)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for sp in range(n_splits):
+        row = (t * n_splits + sp) * H + heads
+        w = tl.exp(tl.load(part_ml_ptr + row * 2, mask=hmask, other=-1.0e30) - m)
+        den += w * tl.load(part_ml_ptr + row * 2 + 1, mask=hmask, other=0.0)
+        acc += w[:, None] * tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], mask=hmask[:, None], other=0.0)
+    o = _inverse_rope(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR)
+    tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=hmask[:, None] & (d < D)[None, :])
+
+
+class AttnConfig(NamedTuple):
+    """Launch configuration of the split kernel (fixed per shape; see `attn_config`)."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":  # Triton's interpreter (tests): an H200's count
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int) -> AttnConfig:
+    """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
+
+    Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
+    the SM count; a split holds at least 128 candidates, since each split writes Hl x D fp32 partials
+    (128 KB at 64 heads), more than 128 bf16 rows of 1 KB would cost to read."""
+    block_h = 16
+    block_n = 32 if head_dim >= 256 else 16
+    base = n_tokens * triton.cdiv(n_heads, block_h)
+    splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 128), triton.cdiv(n_sm, base)))
+    split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
+    return AttnConfig(block_h, block_n, 8 if head_dim >= 256 else 4, 2, split_len)
+
+
+def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
+                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
+                          n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
+                          cis: torch.Tensor, out: torch.Tensor, config: AttnConfig | None = None) -> None:
+    """Attention of T tokens over their window and compressed rows, inverse rotary, into out [T, Hl*D].
+
+    q [T, Hl, D] (normed, roped); kv [T, D] this step's rows (the ring must not yet hold them);
+    window [slots, W, D]; ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or
+    None (window-only layer); slot [T]; picks [T, C] (ratio 4, -1 = none, valid first) or None
+    (ratio 128: every entry < n_done[t], at most n_comp); n_done [T] completed entries; n_comp: C, the
+    host bound on compressed candidates; sink [Hl] fp32; cis [T, Dr/2] complex64 at pos.
+    """
+    T, H, D = q.shape
+    if T == 0:
+        return
+    W = window.shape[1]
+    dr = 2 * cis.shape[-1]
+    has_comp = compressed is not None and n_comp > 0
+    C = n_comp if has_comp else 0
+    cfg = config or attn_config(T, H, W + C, D, _sm_count(q.device))
+    n_hb = triton.cdiv(H, cfg.block_h)
+    splits = triton.cdiv(W + C, cfg.split_len)
+    block_d = triton.next_power_of_2(D)
+    assert q.stride(2) == 1 and kv.stride(1) == 1 and window.is_contiguous() and out.stride(1) == 1
+    cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
+    win = window.view(-1, D)
+    comp = compressed if has_comp else window
+    pk = picks if (has_comp and picks is not None) else slot[:, None]
+    nd = n_done if has_comp else slot
+    if splits > 1:
+        part_o = torch.empty(T, splits, H, block_d, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(T, splits, H, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = sink  # unused
+    u8 = torch.uint8
+    _sparse_attn_kernel[(T, n_hb, splits)](
+        q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
+        ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
+        ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
+        comp, comp.stride(0), comp.stride(1), slot, pk, pk.stride(0), nd, sink, cis_r, cis_r.stride(0),
+        out, out.stride(0), part_o, part_ml, H, C, scale, splits, cfg.split_len,
+        W=W, D=D, DR=dr, HAS_COMP=has_comp, HAS_PICKS=picks is not None,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, SPLIT=splits > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if splits > 1:
+        _combine_kernel[(T, n_hb)](part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
+                                   D=D, DR=dr, BLOCK_H=cfg.block_h, BLOCK_D=block_d, num_warps=4)
