@@ -2,8 +2,9 @@
 
     python3 benchmarks/fp8_gemm.py [--model v4_flash] [--tp 1] [--out DIR]
 
-Each shape is timed at M = 1, 8, 32, 128 with CUDA events (median of 50 after 10 warm-ups) over enough
-copies of the weight to exceed the 60 MB L2 (rotated, so every call streams from HBM). Bytes: the FP8
+Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of the weight, enough copies
+to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
+median replay time (CUDA events, 20 replays after 3) / copies. Bytes: the FP8
 values + e8m0 scales (kernel) or the bf16 matrix (cuBLAS); share = bytes / time / read bandwidth, the
 read bandwidth measured here (sum over 1 GiB). Prints a table; writes fp8_gemm.json to --out.
 """
@@ -26,6 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 MS = (1, 8, 32, 128)
 
 
+def _graph_ms(calls: list, reps: int = 20) -> float:
+    """Per-call ms of `calls` (each a no-argument function) captured back to back in one CUDA graph."""
+    for c in calls:  # compile and warm outside the capture
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return _ms(g.replay, reps, 3) / len(calls)
+
+
 def _ms(fn, n: int = 50, warm: int = 10) -> float:
     for _ in range(warm):
         fn()
@@ -45,34 +58,25 @@ def read_bandwidth() -> float:
     return x.numel() * 4 / (_ms(lambda: x.sum(), 20, 3) * 1e-3)
 
 
-def shapes(model: str, tp: int) -> dict[str, tuple[int, int]]:
+def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
+    """weight -> (N, K, groups) of one rank's FP8 GEMMs (wo_a: one grouped GEMM of G/tp groups)."""
     m = load_config(ROOT / "configs" / f"{model}.yaml").model
     H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
-    return {"wq_a+wkv": (Rq + D, hid), "wq_b": (H * D // tp, Rq), "wo_a (one group)": (Ro, H * D // G),
-            "wo_b": (hid, G * Ro // tp), "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq)}
+    return {"wq_a+wkv": (Rq + D, hid, 1), "wq_b": (H * D // tp, Rq, 1),
+            "wo_a (grouped)": (G * Ro // tp, H * D // G, G // tp), "wo_b": (hid, G * Ro // tp, 1),
+            "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
 
 
-def bench_shape(n: int, k: int, bw: float) -> list[dict]:
+def bench_shape(n: int, k: int, groups: int, bw: float) -> list[dict]:
     copies = max(2, int(256e6 // (n * k)) + 1)  # > 4x the L2 in FP8 bytes
-    ws = [torch.randn(n, k, device="cuda") / k ** 0.5 for _ in range(copies)]
-    qs = [quantize_fp8(w) for w in ws]
-    bfs = [dequantize(q, s, torch.bfloat16) for q, s in qs]
-    del ws
+    qs = [quantize_fp8(torch.randn(n, k, device="cuda") / k ** 0.5) for _ in range(copies)]
+    bfs = [dequantize(q, s, torch.bfloat16).view(groups, n // groups, k) for q, s in qs]
     rows = []
     for m in MS:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        it = {"i": 0}
-
-        def fp8():
-            q, s = qs[it["i"] % copies]
-            it["i"] += 1
-            fp8_linear_triton(x, q, s)
-
-        def bf16():
-            torch.mm(x, bfs[it["i"] % copies].T)
-            it["i"] += 1
-
-        t8, t16 = _ms(fp8), _ms(bf16)
+        x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+        xg = x.view(m, groups, k).transpose(0, 1)  # [groups, m, k]: the bf16 side as one bmm
+        t8 = _graph_ms([lambda q=q, s=s: fp8_linear_triton(x, q, s, groups) for q, s in qs])
+        t16 = _graph_ms([lambda w=w: torch.bmm(xg, w.transpose(1, 2)) for w in bfs])
         b8 = n * k + qs[0][1].numel()
         rows.append({"N": n, "K": k, "M": m, "fp8_us": t8 * 1e3, "bf16_us": t16 * 1e3,
                      "fp8_share": b8 / (t8 * 1e-3) / bw, "bf16_share": 2 * n * k / (t16 * 1e-3) / bw,
@@ -88,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     bw = read_bandwidth()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'fp8 us':>8s} {'share':>6s} {'bf16 us':>8s} {'share':>6s} {'x':>5s}")
+    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'fp8 us':>8s} {'share':>6s} {'bf16 us':>8s} "
+          f"{'share':>6s} {'x':>5s}")
     rows = []
-    for name, (n, k) in shapes(a.model, a.tp).items():
-        for r in bench_shape(n, k, bw):
+    for name, (n, k, groups) in shapes(a.model, a.tp).items():
+        for r in bench_shape(n, k, groups, bw):
             r["weight"] = name
             rows.append(r)
             print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['fp8_us']:8.1f} {r['fp8_share']:6.0%} "

@@ -176,11 +176,9 @@ class DSV4Attention(nn.Module):
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
         """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
         Gl = self.n_local_groups
+        if self.wo_a.fp8:  # one grouped FP8 GEMM: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's group g
+            return self.wo_b(fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=Gl))
         og = o.view(o.shape[0], Gl, -1)  # [T, Gl, (H/G)*D]
-        if self.wo_a.fp8:  # group g's rows [g*Ro, (g+1)*Ro) of wo_a, on 128-row scale blocks
-            qw, sc = self.wo_a.qweight.chunk(Gl), self.wo_a.scale.chunk(Gl)
-            z = torch.cat([fp8_linear(og[:, g], qw[g], sc[g]) for g in range(Gl)], dim=1)
-            return self.wo_b(z)
         wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)  # [Gl, Ro, (H/G)*D]
         z = torch.einsum("tgd,grd->tgr", og, wo_a)
         return self.wo_b(z.flatten(1))

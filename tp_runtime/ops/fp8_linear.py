@@ -1,6 +1,6 @@
 """y = x @ W^T with W in FP8 as released: float8_e4m3fn values, one power-of-two scale per 128 x 128 block.
 
-    x      [M, K]   bf16 (or fp32) activations
+    x      [M, K]   bf16 (or fp32) activations ([M, groups*K] for a grouped GEMM, as wo_a's)
     qw     [N, K]   float8_e4m3fn
     scale  [ceil(N/128), ceil(K/128)] uint8 e8m0 bytes v: the block's scale is 2^(v - 127)
     y      [M, N]   in x's dtype
@@ -34,42 +34,54 @@ def dequantize(qw: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return (qw.to(torch.float32) * s).to(dtype)
 
 
-def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.linear(x, dequantize(qw, scale, x.dtype))
+def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    w = dequantize(qw, scale, x.dtype)
+    if groups == 1:
+        return torch.nn.functional.linear(x, w)
+    xs, ws = x.chunk(groups, dim=-1), w.chunk(groups, dim=0)
+    return torch.cat([torch.nn.functional.linear(a, b) for a, b in zip(xs, ws)], dim=-1)
 
 
-def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ dequantized qw [N, K]^T -> [M, N]."""
+def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N]: group g's
+    output columns [g*N, (g+1)*N) read x's columns [g*K, (g+1)*K) (wo_a of DSV4; groups = 1: a plain linear)."""
     if x.is_cuda and triton_available():
-        return fp8_linear_triton(x, qw, scale)
-    return fp8_linear_torch(x, qw, scale)
+        return fp8_linear_triton(x, qw, scale, groups)
+    return fp8_linear_torch(x, qw, scale, groups)
 
 
 def tile_config(m: int, n: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for an [m, n] output. Decode (m <= 16): one 16-row tile
-    and narrow column tiles, so a matrix spreads over many programs; prefill: square-ish tiles."""
+    and column tiles narrow enough that a matrix spreads over at least ~2 programs per SM; prefill:
+    square-ish tiles."""
     if m <= 16:
-        return 16, (32 if n <= 8192 else 64), 4, 4
+        return 16, (16 if n <= 8192 else 64), 4, 4
     if m <= 64:
         return 64, 64, 4, 3
     return 128, 128, 8, 3
 
 
-def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    m, k = x2.shape
+    m, k = x2.shape[0], x2.shape[1] // groups
     n = qw.shape[0]
-    if qw.shape[1] != k or qw.stride(1) != 1 or scale.shape != ((n + BLOCK - 1) // BLOCK, (k + BLOCK - 1) // BLOCK):
-        raise ValueError(f"fp8_linear: x {tuple(x.shape)}, weight {tuple(qw.shape)}, scale {tuple(scale.shape)} "
-                         "do not fit (scale: one e8m0 byte per 128 x 128 block)")
+    group_n = n // groups
+    fits = (x2.shape[1] == groups * k and qw.shape[1] == k and qw.stride(1) == 1 and n % groups == 0
+            and (groups == 1 or group_n % 16 == 0)
+            and scale.shape == ((n + BLOCK - 1) // BLOCK, (k + BLOCK - 1) // BLOCK))
+    if not fits:
+        raise ValueError(f"fp8_linear: x {tuple(x.shape)}, weight {tuple(qw.shape)}, scale {tuple(scale.shape)}, "
+                         f"groups {groups} do not fit (scale: one e8m0 byte per 128 x 128 block)")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm, bn, warps, stages = tile_config(m, n)
+    while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
+        bn //= 2
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
-    _fp8_linear_kernel[grid](x2, qw, scale, y, m, n, k, x2.stride(0), qw.stride(0), scale.stride(0), y.stride(0),
-                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages)
+    _fp8_linear_kernel[grid](x2, qw, scale, y, m, n, k, group_n, x2.stride(0), qw.stride(0), scale.stride(0),
+                             y.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages)
     return y.view(*lead, n)
 
 
@@ -77,10 +89,12 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn,
+                           stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # One program: output tile [BLOCK_M, BLOCK_N], the whole K range in 128-column steps (one scale block).
+        # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
         pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+        x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
