@@ -34,27 +34,25 @@ def profile_steps(run: Callable[[], None], n_steps: int, device: torch.device) -
 
 # ------------------------------------------------------------------ the profile view (bench.profile=true)
 
-# Where a kernel's GPU time goes: the first marker found walking the launching op's Python stack from
-# the innermost frame out (frames read "path(line): function"). GEMM ops launched from model/layers.py,
-# and the FP8 GEMM kernel, are weight GEMMs; copy kernels are copies wherever they come from.
+# Where a kernel's GPU time goes: the first marker found walking the Python stack that launched it, from
+# the innermost frame out (frames read "path(line): function"). Copy kernels are copies wherever they
+# come from; a kernel launched straight from a Linear's forward (model/layers.py) is a weight GEMM.
 GROUP_MARKERS = (
     ("all-reduce", ("all_reduce",)),
+    ("norms and rotary", ("rms_norm", "rope.py(")),
+    ("weight GEMMs", ("fp8_linear", "model/layers.py(")),
     ("indexer", ("indexer_topk", "indexer.py(")),
     ("compressors", ("compressor.py(",)),
-    ("norms and rotary", ("rms_norm", "rope.py(")),
     ("attention", ("sparse_attention", "attention.py(")),
     ("step index", ("step_index.py(", "buffers.py(")),
 )
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul")
-GROUPS = ("weight GEMMs", *(g for g, _ in GROUP_MARKERS), "copies", "other")
+GROUPS = tuple(g for g, _ in GROUP_MARKERS) + ("copies", "other")
 
 
-def kernel_group(op: str, stack: list[str], kernel: str) -> str:
-    """The group of one kernel launched by CPU op `op` with Python stack `stack` (innermost first)."""
+def kernel_group(stack: list[str], kernel: str) -> str:
+    """The group of one kernel whose launch ran under Python frames `stack` (innermost first)."""
     if kernel.startswith(COPY_PREFIXES) or "copy" in kernel.lower():
         return "copies"
-    if "fp8_linear" in kernel or (op in GEMM_OPS and any("model/layers.py(" in f for f in stack)):
-        return "weight GEMMs"
     for frame in stack:
         for group, markers in GROUP_MARKERS:
             if any(m in frame for m in markers):
@@ -62,21 +60,54 @@ def kernel_group(op: str, stack: list[str], kernel: str) -> str:
     return "other"
 
 
+def group_trace(trace: dict, n_steps: int) -> dict[str, float]:
+    """GPU ms per step by group from a Chrome trace of the torch profiler (with_stack=True): each kernel
+    joined to its launch (the runtime call of the same correlation id), and the launch to the Python
+    frames open around it on the launching thread."""
+    ev = trace["traceEvents"]
+    stacks = _launch_stacks(ev)
+    ms = dict.fromkeys(GROUPS, 0.0)
+    for k in (e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")):
+        stack = stacks.get(k.get("args", {}).get("correlation"), [])
+        ms[kernel_group(stack, k["name"])] += k.get("dur", 0.0) / 1e3 / n_steps
+    ms["total"] = sum(ms.values())
+    return ms
+
+
+def _launch_stacks(ev: list[dict]) -> dict[int, list[str]]:
+    """correlation id -> names of the Python frames open at that launch, innermost first. One sweep in
+    time order per thread: frames nest, so the open ones form a stack."""
+    out: dict[int, list[str]] = {}
+    items = [(e["ts"], 0, e) for e in ev if e.get("cat") == "python_function"]
+    items += [(e["ts"], 1, e) for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+              and "correlation" in e.get("args", {})]
+    open_frames: dict[tuple, list[dict]] = {}
+    for ts, kind, e in sorted(items, key=lambda it: (it[0], it[1])):
+        stack = open_frames.setdefault((e["pid"], e["tid"]), [])
+        while stack and stack[-1]["ts"] + stack[-1].get("dur", 0.0) < ts:
+            stack.pop()
+        if kind == 0:
+            stack.append(e)
+        else:
+            out[e["args"]["correlation"]] = [f["name"] for f in reversed(stack)]
+    return out
+
+
 def profile_view(run: Callable[[], None], n_steps: int, trace: str | None) -> dict[str, float]:
-    """Run `run` (n_steps eager steps of the lane's path) under the profiler with Python stacks; write a
-    Chrome / Perfetto trace to `trace` (if given); return GPU ms per step by group (GROUPS) and in all."""
+    """Run `run` (n_steps eager steps of the lane's path) under the profiler with Python stacks; write the
+    Chrome / Perfetto trace to `trace` (None: a temporary file); return GPU ms per step by group and in all."""
+    import json
+    import tempfile
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         run()
         torch.cuda.synchronize()
-    if trace is not None:
-        prof.export_chrome_trace(trace)
-    ms = dict.fromkeys(GROUPS, 0.0)
-    for e in prof.events():
-        for k in getattr(e, "kernels", []) if e.device_type == DeviceType.CPU else []:
-            ms[kernel_group(e.name, e.stack or [], k.name)] += k.duration / 1e3 / n_steps
-    ms["total"] = sum(ms.values())
-    return ms
+    with tempfile.TemporaryDirectory() as tmp:
+        path = trace or f"{tmp}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return group_trace(json.load(f), n_steps)
 
 
 def view_table(rows: list[dict]) -> str:
