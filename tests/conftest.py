@@ -41,12 +41,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _not_json(word: str):
+    raise ValueError(f"{word} is not JSON (the record must encode a non-finite value as null)")
+
+
 def last_json(text: str) -> dict:
-    """The last line of `text` that is a JSON object (the run's record)."""
+    """The last line of `text` that is a JSON object (the run's record), parsed strictly: NaN,
+    Infinity and -Infinity, which Python's json module accepts by default, are refused."""
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
-            return json.loads(line)
+            return json.loads(line, parse_constant=_not_json)
     raise AssertionError(f"no JSON line in output:\n{text[-3000:]}")
 
 

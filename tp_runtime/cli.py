@@ -50,21 +50,24 @@ def _validate_inputs(cfg: RunConfig) -> None:
 
 def _cmd_run(cfg: RunConfig) -> int:
     from tp_runtime.engine.entry import launch
-    from tp_runtime.engine.report import print_report
+    from tp_runtime.engine.report import report_and_status
 
-    print_report(cfg, launch(cfg))
-    return 0
+    return report_and_status(cfg, launch(cfg))
 
 
 def _cmd_check(cfg: RunConfig) -> int:
+    from tp_runtime.engine.report import strict_json
     from tp_runtime.verify.check import run_check
 
     rec = run_check(cfg)
     print(f"tp_runtime check: tp={rec['tp']} device={rec['device']} dtype={rec['dtype']} "
           f"graphs={rec['graph_mode']} requests={rec['requests']}")
     for name, c in rec["comparisons"].items():
-        print(f"  {name:24s} max_rel_err {c['max_rel_err']:.3e}  tol {c['tol']:.0e}  {'ok' if c['ok'] else 'FAIL'}")
-    print(json.dumps(rec), flush=True)
+        err = f"{c['max_rel_err']:.3e}" if c["max_rel_err"] is not None else f"non-finite ({c['nonfinite']})"
+        print(f"  {name:24s} max_rel_err {err}  tol {c['tol']:.0e}  {'ok' if c['ok'] else 'FAIL'}")
+    if not rec["requests"]:
+        print("  no request completed: nothing was compared")
+    print(strict_json(rec), flush=True)
     return 0 if rec["ok"] else 1
 
 

@@ -20,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
 from tp_runtime.engine.driver import RunResult, drive
-from tp_runtime.engine.report import print_report
+from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
 from tp_runtime.parallel.group import group_from_env, shutdown
 from tp_runtime.parallel.launcher import run_on_ranks
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = worker_entry(cfg.to_dict())
-    if result is not None:
-        print_report(cfg, result)
-    return 0
+    return report_and_status(cfg, result) if result is not None else 0
 
 
 
