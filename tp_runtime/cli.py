@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)
-    except LaunchError as e:
+    except (LaunchError, CheckpointError) as e:  # a rank failed, or found its weights bad while loading
         print(f"error: {e}", file=sys.stderr)
         return 1
 

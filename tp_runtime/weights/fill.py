@@ -1,7 +1,8 @@
 """Filling a stack's parameters: seeded weights identical for every tp, or a checkpoint's shard.
 
 A seeded draw makes the full tensor from (seed, name) on the run's device and keeps this rank's
-shard, so tp = 1 and tp = 4, CPU and GPU hold the same model.
+shard, so tp = 1 and tp = 4, CPU and GPU hold the same model. Either way every placed tensor is
+checked for NaN and inf on its device (finite.py) before the stack is used.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.weights.checkpoint_read import load_checkpoint
+from tp_runtime.weights.finite import FiniteCheck
 from tp_runtime.weights.seeded import named_normal
 from tp_runtime.weights.specs import TensorSpec, model_specs, place, shard_of
 
@@ -29,9 +31,12 @@ def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor
 
 def init_seeded(stack: AttentionStack, seed: int) -> None:
     """Fill every parameter with this rank's shard of the seeded full tensors."""
+    check = FiniteCheck()
     with torch.no_grad():
         for spec in model_specs(stack.cfg):
-            place(stack, spec, shard_of(spec, draw_full(spec, seed, stack.device), stack.tp))
+            placed = place(stack, spec, shard_of(spec, draw_full(spec, seed, stack.device), stack.tp))
+            check.add(spec.name, f"the seeded draw (runtime.seed={seed})", placed)
+    check.raise_if_any()
 
 
 def fill_weights(stack: AttentionStack, checkpoint: str | None, seed: int) -> dict:

@@ -78,12 +78,13 @@ def shard_of(spec: TensorSpec, full: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return full.narrow(spec.shard_dim, lo, hi - lo)
 
 
-def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> None:
-    """Copy a shard into its parameter (at its rows of a fused parameter); shapes must agree."""
+def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> torch.Tensor:
+    """Copy a shard into its parameter (at its rows of a fused parameter); shapes must agree.
+    Returns the filled part of the parameter."""
     param = stack.get_parameter(spec.param)
     fits = (shard.dim() == param.dim() and shard.shape[1:] == param.shape[1:]
             and spec.row_offset + shard.shape[0] <= param.shape[0])
     if not fits:
         raise ValueError(f"{spec.name}: shard shape {tuple(shard.shape)} does not fit parameter "
                          f"{spec.param} {tuple(param.shape)} at row {spec.row_offset}")
-    param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
+    return param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
