@@ -370,6 +370,17 @@ def test_outputs_that_overflow_fail_run_and_check_with_strict_json(ckpt, tmp_pat
     assert c["ok"] is False and c["max_rel_err"] is None and c["nonfinite"] == "tp=1 local: request 0 position 0"
 
 
+def test_write_into_a_reused_directory_removes_its_old_shards_only(tmp_path):
+    cfg = load_config(TINY, RUN)
+    write_checkpoint(cfg, tmp_path, 3)
+    (tmp_path / "notes.txt").write_text("mine")
+    rec = write_checkpoint(cfg, tmp_path, 2)
+    assert rec["removed"] == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([
+        "config.json", INDEX, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "notes.txt"])
+    validate_checkpoint(load_config(TINY, RUN + [f"model.checkpoint={tmp_path}"]).model, tmp_path)
+
+
 # ---------------------------------------------------------------- config merge
 
 

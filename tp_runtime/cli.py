@@ -18,6 +18,7 @@ import sys
 
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
+from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
 from tp_runtime.weights.format import CheckpointError
@@ -41,11 +42,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate_inputs(cfg: RunConfig) -> None:
-    """Refuse a bad input file or checkpoint here, before any rank computes."""
+    """Refuse a bad input file, checkpoint or output path here, before any rank computes."""
     if cfg.workload.inputs:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
     if cfg.model.checkpoint:
         validate_checkpoint(cfg.model, cfg.model.checkpoint)
+    if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
+        check_output_file(cfg.workload.dump, "workload.dump")
+    _check_local_gpus(cfg)
+
+
+def _check_local_gpus(cfg: RunConfig) -> None:
+    """runtime.device=cuda under the local launcher: every rank runs on this machine, one GPU each."""
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tp = cfg.parallel.tp
+    if cfg.runtime.device == "cuda" and cfg.parallel.launcher == "local" and have < tp:
+        raise ConfigError(f"{cfg.origin('runtime.device')}: runtime.device=cuda with parallel.tp={tp} under "
+                          f"parallel.launcher=local needs {tp} GPU(s) on this machine; "
+                          f"{f'it has {have}' if have else 'CUDA is not available here'} (use runtime.device=auto or cpu)")
 
 
 def _cmd_run(cfg: RunConfig) -> int:

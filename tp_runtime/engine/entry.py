@@ -24,6 +24,7 @@ from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
 from tp_runtime.parallel.group import group_from_env, shutdown
 from tp_runtime.parallel.launcher import run_on_ranks
+from tp_runtime.paths import check_output_file
 
 
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
@@ -69,6 +70,8 @@ def _torchrun_config(args: list[str]) -> RunConfig:
     if world != cfg.parallel.tp:
         raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
                           f"parallel.tp={cfg.parallel.tp}; they must be equal")
+    if cfg.workload.dump and os.environ.get("RANK") == "0":  # rank 0 writes it, on its machine
+        check_output_file(cfg.workload.dump, "workload.dump")
     return cfg
 
 
