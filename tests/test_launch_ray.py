@@ -18,7 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
+from conftest import (MARK, REPO, STOP, STOP_TIMEOUT_S, TINY, child_env, free_port, is_loopback, last_json, reap,
+                      run_cli, stop, stopped_at, watch_listeners)
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import worker_entry
 from tp_runtime.parallel import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
@@ -47,6 +48,28 @@ def test_quickstart_embedded_ray_matches_local(local_checksum: float) -> None:
     assert rec["output_checksum"] == local_checksum
     where = placements(r.stderr)
     assert sorted(where) == [0, 1] and {ip for ip, _ in where.values()} == {"127.0.0.1"}, r.stderr[-2000:]
+
+
+def test_embedded_ray_names_a_stopped_rank_0_within_the_timeout() -> None:
+    # Rank 0 also hosts the rendezvous store under Ray: rank 1's heartbeat calls stall with it, and
+    # the stall itself names rank 0. Bound as for torchrun (test_launch_torchrun.py): timeout + 10 s;
+    # measured ~12.5 s after the stop (the driver's POLL_S and FAILURE_GRACE_S come on top).
+    r = run_cli(["run", TINY, "parallel.fail_rank=0", *STOP], timeout_s=180)
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr.strip().splitlines()[-1]
+    assert re.search(r"RankLostError: rank 0 \(host \S+, pid \d+\) stopped answering", err), err
+    after = r.ended - stopped_at(r.stderr, 0)
+    assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli: no process left behind
+
+
+def test_embedded_ray_listens_on_loopback_only() -> None:
+    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.1 s.
+    r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=64"],
+                              timeout_s=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {"gcs_server", "raylet"} <= {name for _, name, _, _ in seen}, sorted(seen)
+    assert any(name.startswith("ray::RankActor") for _, name, _, _ in seen), sorted(seen)  # the store, gloo
+    assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
 
 
 @pytest.fixture(scope="class")
