@@ -16,14 +16,24 @@
 #   RAY_SUBMIT_ARGS   more `ray job submit` options, e.g. "--submission-id tp-1 --entrypoint-num-cpus 1"
 #   NCCL_*, TORCH_NCCL_*, NVSHMEM_*, TORCH_SYMM_MEM_*  copied into the job (and so to every rank);
 #                     NVLink multicast stays off unless set otherwise (NCCL_NVLS_ENABLE=0, ...).
-# A cluster with token authentication (Ray's default) needs its token here too: ~/.ray/auth_token,
-# RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN (launch/ray_cluster.sh prints where the head keeps it).
+#   RAY_AUTH_MODE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH   token authentication, see below
+#
+# Token authentication (the default of a head that finds a token when it starts): the head's token
+# must be here too, found the way Ray finds it: RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH,
+# else ~/.ray/auth_token. `ray job submit` itself sends it only with RAY_AUTH_MODE=token, so when a
+# token is found and RAY_AUTH_MODE is unset, this script sets RAY_AUTH_MODE=token (RAY_AUTH_MODE=
+# disabled keeps it off).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 if [ -z "${RAY_ADDRESS:-}" ] || [ $# -lt 1 ]; then
   echo "usage: RAY_ADDRESS=http://HEAD:8265 $0 CONFIG [key=value ...]" >&2
   exit 2
+fi
+if [ -z "${RAY_AUTH_MODE:-}" ]; then
+  if [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; then
+    export RAY_AUTH_MODE=token
+  fi
 fi
 runtime_env=$("$PYTHON" - <<'PY'
 import json, os

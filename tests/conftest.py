@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -41,12 +43,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _not_json(word: str):
+    raise ValueError(f"{word} is not JSON (the record must encode a non-finite value as null)")
+
+
 def last_json(text: str) -> dict:
-    """The last line of `text` that is a JSON object (the run's record)."""
+    """The last line of `text` that is a JSON object (the run's record), parsed strictly: NaN,
+    Infinity and -Infinity, which Python's json module accepts by default, are refused."""
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
-            return json.loads(line)
+            return json.loads(line, parse_constant=_not_json)
     raise AssertionError(f"no JSON line in output:\n{text[-3000:]}")
 
 
@@ -65,6 +72,50 @@ def marked(mark: str) -> set[int]:
         except OSError:
             continue
     return out
+
+
+def _listening_inodes() -> dict[int, tuple[str, int]]:
+    """Socket inode -> (address, port) of every TCP socket in LISTEN state (IPv4 and IPv6)."""
+    out = {}
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] != "0A":  # TCP_LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            addr = socket.inet_ntop(socket.AF_INET if width == 8 else socket.AF_INET6, words)
+            out[int(f[9])] = (addr, int(hexport, 16))
+    return out
+
+
+def listeners(pids: set[int]) -> list[tuple[int, str, str, int]]:
+    """(pid, process name, address, port) of every listening TCP socket these processes hold."""
+    listening, found = _listening_inodes(), []
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in listening:
+                found.append((pid, name, *listening[int(target[8:-1])]))
+    return found
+
+
+def is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1" or addr.startswith("::ffff:127.")
 
 
 def reap(mark: str, wait_s: float = 20.0) -> set[int]:
@@ -107,9 +158,54 @@ def run_cli(args: list[str], timeout_s: float, env: dict[str, str] | None = None
         out, err = proc.communicate()
         reap(env[MARK], 0)
         raise AssertionError(f"timed out after {timeout_s} s\n{out[-2000:]}\n{err[-4000:]}") from None
+    ended = time.time()
     left = reap(env[MARK])
     assert not left, f"processes left behind by {args}: {left}"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    done.ended = ended  # wall-clock time (time.time()) at which the command exited
+    return done
+
+
+def watch_listeners(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
+                    period_s: float = 0.1) -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
+    """Run cmd in this checkout and collect every listening TCP socket that any process it starts
+    holds while it runs, sampled every period_s: {(pid, name, address, port)}."""
+    env = {**(env or child_env()), MARK: uuid.uuid4().hex}
+    seen: set[tuple[int, str, str, int]] = set()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: no pipe to fill
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                seen |= set(listeners(marked(env[MARK])))
+                time.sleep(period_s)
+        finally:
+            if proc.poll() is None:
+                stop([proc], grace_s=5)
+            left = reap(env[MARK])
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+    assert not left, f"processes left behind by {cmd}: {left}"
+    assert done.returncode is not None and time.monotonic() < deadline, f"{cmd} ran past {timeout_s} s"
+    return done, seen
+
+
+# A hung rank (parallel.fail_mode=stop): tests/test_launch_torchrun.py, test_launch_ray.py.
+STOPPED = re.compile(r"rank (\d+) stops itself at step \d+ \(time ([0-9.]+)\)")
+# parallel.timeout_s of the stopped-rank tests: the peer's collective waits this long, then the
+# heartbeat names the rank that stopped and the peer ends it. The bound asserted is this plus 10 s:
+# measured here 11 s after the stop under torchrun and 13-14 s under the local launcher (its elastic
+# agent takes ~3 s to tear down after a failure), with the 2-core machine otherwise idle.
+STOP_TIMEOUT_S = 10
+STOP = ["parallel.fail_mode=stop", "parallel.fail_step=5", f"parallel.timeout_s={STOP_TIMEOUT_S}"]
+
+
+def stopped_at(stderr: str, rank: int) -> float:
+    """When the rank stopped itself (its own stderr line, wall clock)."""
+    found = {int(r): float(t) for r, t in STOPPED.findall(stderr)}
+    assert rank in found, stderr[-3000:]
+    return found[rank]
 
 
 @pytest.fixture(scope="session")

@@ -294,6 +294,93 @@ def test_cli_refuses_a_bad_checkpoint_before_starting_ranks(ckpt, tmp_path):
     assert FILE2 in proc.stderr and "BF16" in proc.stderr
 
 
+# ---------------------------------------------------------------- non-finite data (headers cannot show it)
+
+
+def _bytes_at(value: int, row: int = 0, col: int = 3):
+    """An FP8 tensor with one raw byte set (0x7F and 0xFF are e4m3fn's NaN encodings)."""
+    def edit(x):
+        raw = x.view(torch.uint8).clone()
+        raw[row, col] = value
+        return raw.view(torch.float8_e4m3fn)
+    return edit
+
+
+def _random_bytes(x):
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (x.numel() * x.element_size(),), generator=g, dtype=torch.uint8)
+    return raw.view(x.dtype).view(x.shape)
+
+
+NONFINITE = {  # case -> (tensor, edit); rows and columns inside rank 0's shard (loaded as rank 0 of 2)
+    "NaN in a bf16 norm": ("layers.2.attn_norm.weight", lambda x: x.index_fill(0, torch.tensor([5]), float("nan"))),
+    "inf in an fp32 ape": ("layers.3.attn.compressor.ape", lambda x: x.index_fill(1, torch.tensor([1]), float("inf"))),
+    "e4m3 NaN byte 0x7F": ("layers.2.attn.wq_b.weight", _bytes_at(0x7F)),
+    "e4m3 NaN byte 0xFF": ("layers.3.attn.wo_b.weight", _bytes_at(0xFF, row=7, col=1)),
+    "random bytes in an FP8 data area": ("layers.2.attn.wq_a.weight", _random_bytes),
+    "random bytes in a bf16 data area": ("layers.3.attn.compressor.wkv.weight", _random_bytes),
+}
+
+
+@pytest.mark.parametrize("case", list(NONFINITE))
+def test_non_finite_weights_are_refused_naming_tensor_and_file(ckpt, tmp_path, case):
+    tensor, edit = NONFINITE[case]
+    cfg = cfg_for(ckpt, "model.layers=2-3")
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    _rewrite(d / FILE2, _set(tensor, edit))
+    validate_checkpoint(cfg.model, d)  # the headers are fine: only the values are not
+    with pytest.raises(CheckpointError, match="holds non-finite values") as e:
+        load_checkpoint(new_stack(cfg, 0, 2), d)
+    assert str(e.value).startswith(f"tensor {tensor} from {d / FILE2} "), e.value
+
+
+def test_run_refuses_a_nan_checkpoint_and_check_fails(ckpt, tmp_path):
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    _rewrite(d / FILE2, _set(*NONFINITE["NaN in a bf16 norm"]))
+    # tp = 2: the rank that loads the tensor refuses it; the launcher names that rank and the cause.
+    proc = run_cli(["run", TINY, f"model.checkpoint={d}", "parallel.tp=2", "parallel.launcher=local", *RUN],
+                   timeout_s=300)
+    assert proc.returncode == 1 and "output_checksum" not in proc.stdout, proc.stdout[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: rank ") and f"tensor layers.2.attn_norm.weight from {d / FILE2}" in err, err
+    proc = run_cli(["check", TINY, f"model.checkpoint={d}", "parallel.tp=1", "parallel.launcher=local", *RUN],
+                   timeout_s=300)
+    assert proc.returncode == 1 and "layers.2.attn_norm.weight" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_outputs_that_overflow_fail_run_and_check_with_strict_json(ckpt, tmp_path):
+    # Finite weights that overflow float32 in the first GEMM (3e38 x the normalized input, summed):
+    # the load accepts them, the outputs turn inf/NaN at the first token of every request.
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    _rewrite(d / "model-00001-of-00003.safetensors",
+             _set("layers.0.attn_norm.weight", lambda x: torch.full_like(x, 3e38)))
+    one = ["parallel.tp=1", "parallel.launcher=local"]
+    proc = run_cli(["run", TINY, f"model.checkpoint={d}", *one, *RUN], timeout_s=300)
+    rec = last_json(proc.stdout)  # strict: a bare NaN would not parse
+    assert proc.returncode == 1 and rec["output_checksum"] is None and rec["output_checksum_finite"] is False
+    assert proc.stderr.strip().splitlines()[-1] == ("error: the outputs turned non-finite (NaN or inf; "
+                                                    "output_checksum is null)"), proc.stderr[-2000:]
+    proc = run_cli(["check", TINY, f"model.checkpoint={d}", *one, *RUN], timeout_s=300)
+    rec = last_json(proc.stdout)
+    assert proc.returncode == 1 and rec["ok"] is False
+    c = rec["comparisons"]["tp_vs_tp1"]
+    assert c["ok"] is False and c["max_rel_err"] is None and c["nonfinite"] == "tp=1 local: request 0 position 0"
+
+
+def test_write_into_a_reused_directory_removes_its_old_shards_only(tmp_path):
+    cfg = load_config(TINY, RUN)
+    write_checkpoint(cfg, tmp_path, 3)
+    (tmp_path / "notes.txt").write_text("mine")
+    rec = write_checkpoint(cfg, tmp_path, 2)
+    assert rec["removed"] == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([
+        "config.json", INDEX, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "notes.txt"])
+    validate_checkpoint(load_config(TINY, RUN + [f"model.checkpoint={tmp_path}"]).model, tmp_path)
+
+
 # ---------------------------------------------------------------- config merge
 
 

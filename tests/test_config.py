@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from tp_runtime.config import ConfigError, load_config, parse_layer_spec
 from conftest import TINY_PATH as TINY, ROOT
@@ -132,3 +135,57 @@ def test_kernels_resolve_once_per_device_and_dtype():
     assert resolve_kernels("torch", cpu, torch.float32) == "torch"
     with pytest.raises(ConfigError, match=r"'runtime\.kernels'=triton needs a CUDA device"):
         resolve_kernels("triton", cpu, torch.float32)
+
+
+# ---------------------------------------------------------------- where a bad value came from
+
+
+def test_cross_field_error_names_the_override_not_the_file():
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, ["workload.requests=-1"])
+    assert str(e.value).startswith("override 'workload.requests=-1': "), e.value
+    assert "tiny.yaml" not in str(e.value)
+
+
+def test_cross_field_error_names_the_file_when_the_file_set_it(tmp_path):
+    p = tmp_path / "bad.yaml"
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["runtime"].update(max_seqs=8, max_tokens_per_step=4)
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and "max_tokens_per_step" in str(e.value)
+
+
+def test_error_names_both_sources_when_two_set_the_values():
+    # tp from the command line, the heads and groups from the file: both are named.
+    with pytest.raises(ConfigError, match=r"^override 'parallel\.tp=3' and .*tiny\.yaml: 'parallel\.tp'=3"):
+        load_config(TINY, ["parallel.tp=3"])
+
+
+def test_fail_rank_and_layers_errors_name_their_source():
+    with pytest.raises(ConfigError, match=r"^override 'parallel\.fail_rank=5'.*must be a rank in 0\.\.1"):
+        load_config(TINY, ["parallel.fail_rank=5"])
+    with pytest.raises(ConfigError, match=r"^override 'model\.layers=4-9': .*within 0\.\.5"):
+        load_config(TINY, ["model.layers=4-9"])
+
+
+def test_single_layer_as_an_int():
+    assert load_config(TINY, ["model.layers=3"]).model.layer_ids() == [3]
+    with pytest.raises(ConfigError, match=r"'model\.layers' must be str or int, got list"):
+        load_config(TINY, ["model.layers=[3]"])
+
+
+@pytest.mark.parametrize("text,why", [("", "is empty"), ("# only a comment\n", "is empty"),
+                                      ("- a\n- b\n", "top level must be a mapping of sections"),
+                                      ("3\n", "top level must be a mapping of sections")])
+def test_file_that_is_not_a_mapping_is_refused_with_overrides_too(tmp_path, text, why):
+    p = tmp_path / "odd.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        load_config(p, ["parallel.tp=1"])
+
+
+def test_directory_as_config_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

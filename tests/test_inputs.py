@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import in_process
+from tp_runtime.engine.report import report_and_status
 from tp_runtime.verify.check import max_rel_err
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
@@ -79,3 +80,71 @@ def test_breakable_without_gpu_warns_and_runs_eagerly():
     rec = last_json(proc.stdout)
     assert rec["graph_mode"] == "eager" and rec["graph_mode_requested"] == "breakable"
     assert rec["replayed_fraction"] == 0.0
+
+
+# ---------------------------------------------------------------- outputs, and refusals as one line
+
+
+def _one_error_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("dump,why", [("{f}/x.safetensors", "{f} is a file, not a directory"),
+                                      ("{d}", "is a directory; it must name a file")])
+def test_unwritable_dump_is_refused_before_any_rank_starts(tmp_path, dump, why):
+    f = tmp_path / "a_file"
+    f.write_text("")
+    dump, why = dump.format(f=f, d=tmp_path), why.format(f=f)
+    t0 = time.perf_counter()
+    # The Ray launcher (tiny.yaml's): a started rank would print its placement line to stderr.
+    proc = run_cli(["run", TINY, f"workload.dump={dump}"], timeout_s=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = _one_error_line(proc)
+    assert line.startswith(f"error: workload.dump={dump}") and why in line, line
+    assert time.perf_counter() - t0 < 30  # the refusal is the CLI's start-up (~2 s); a launch takes longer
+
+
+def test_dump_that_fails_at_the_end_keeps_the_report(tmp_path, capsys):
+    # The path was fine when checked and is not when written (here: never checked, as a worker sees it).
+    blocker = tmp_path / "gone"
+    blocker.write_text("")
+    cfg = load_config(TINY, BASE + [f"workload.dump={blocker}/run.safetensors"])
+    res = in_process(cfg)
+    assert res.completed == 3 and len(res.errors) == 1
+    assert res.errors[0].startswith(f"workload.dump={blocker}/run.safetensors: writing the dump failed: ")
+    assert report_and_status(cfg, res) == 1  # what `run` (and torchrun's rank 0) prints and returns
+    out, err = capsys.readouterr()
+    assert last_json(out)["completed"] == 3  # the report and its JSON line first
+    assert err.strip().splitlines() == [f"error: {res.errors[0]}"]
+
+
+def test_run_where_every_request_is_rejected_exits_non_zero():
+    proc = run_cli(["run", TINY, "parallel.tp=1", "parallel.launcher=local", "runtime.max_len=8",
+                    "workload.requests=2", "workload.prompt_lens=[9, 12]", "workload.decode_lens=[0, 1]"], timeout_s=120)
+    rec = last_json(proc.stdout)  # the report comes first
+    assert proc.returncode == 1 and rec["completed"] == 0 and len(rec["rejected"]) == 2
+    assert _one_error_line(proc) == "error: no request completed: all 2 were rejected"
+
+
+@pytest.mark.parametrize("case", ["list yaml", "directory", "write-checkpoint into a file", "cuda at tp 1"])
+def test_bad_arguments_print_one_error_line_and_exit_2(tmp_path, case):
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- model\n- parallel\n")
+    a_file = tmp_path / "ckpt"
+    a_file.write_text("")
+    args, words = {
+        "list yaml": (["run", str(listed), "parallel.tp=1"], [str(listed), "top level must be a mapping"]),
+        "directory": (["run", str(tmp_path)], [str(tmp_path), "is a directory"]),
+        "write-checkpoint into a file": (["write-checkpoint", TINY, str(a_file)],
+                                         [f"write-checkpoint OUT_DIR={a_file} is a file"]),
+        "cuda at tp 1": (["run", TINY, "runtime.device=cuda", "parallel.tp=1", "parallel.launcher=local"],
+                         ["override 'runtime.device=cuda'", "CUDA is not available"]),
+    }[case]
+    if case == "cuda at tp 1" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = run_cli(args, timeout_s=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = _one_error_line(proc)
+    assert all(w in line for w in words), line

@@ -18,7 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
+from conftest import (MARK, REPO, STOP, STOP_TIMEOUT_S, TINY, child_env, free_port, is_loopback, last_json, listeners,
+                      marked, reap, run_cli, stop, stopped_at, watch_listeners)
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import worker_entry
 from tp_runtime.parallel import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
@@ -47,6 +48,28 @@ def test_quickstart_embedded_ray_matches_local(local_checksum: float) -> None:
     assert rec["output_checksum"] == local_checksum
     where = placements(r.stderr)
     assert sorted(where) == [0, 1] and {ip for ip, _ in where.values()} == {"127.0.0.1"}, r.stderr[-2000:]
+
+
+def test_embedded_ray_names_a_stopped_rank_0_within_the_timeout() -> None:
+    # Rank 0 also hosts the rendezvous store under Ray: rank 1's heartbeat calls stall with it, and
+    # the stall itself names rank 0. Bound as for torchrun (test_launch_torchrun.py): timeout + 10 s;
+    # measured ~12.5 s after the stop (the driver's POLL_S and FAILURE_GRACE_S come on top).
+    r = run_cli(["run", TINY, "parallel.fail_rank=0", *STOP], timeout_s=180)
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr.strip().splitlines()[-1]
+    assert re.search(r"RankLostError: rank 0 \(host \S+, pid \d+\) stopped answering", err), err
+    after = r.ended - stopped_at(r.stderr, 0)
+    assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli: no process left behind
+
+
+def test_embedded_ray_listens_on_loopback_only() -> None:
+    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.1 s.
+    r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=64"],
+                              timeout_s=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {"gcs_server", "raylet"} <= {name for _, name, _, _ in seen}, sorted(seen)
+    assert any(name.startswith("ray::RankActor") for _, name, _, _ in seen), sorted(seen)  # the store, gloo
+    assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
 
 
 @pytest.fixture(scope="class")
@@ -121,7 +144,7 @@ def cluster():
     --block` process started through launch/ray_cluster.sh, with a private token and temp dir."""
     token = uuid.uuid4().hex
     env = child_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY=f"{sys.executable} -m ray.scripts.scripts",
-                    RAY_PORT=str(free_port()), DASHBOARD_PORT=str(free_port()))
+                    RAY_PORT=str(free_port()), DASHBOARD_PORT=str(free_port()), DASHBOARD_HOST="127.0.0.1")
     env.pop("PYTHONPATH")  # nodes import tp_runtime only as shipped by the job or the driver
     temp = f"/tmp/rtp_{token[:8]}"  # private: ray.init() elsewhere on this machine must not find it
     common = ["--block", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port()}"]
@@ -134,7 +157,7 @@ def cluster():
         procs.append(subprocess.Popen([script, "join", gcs, "--num-cpus=1", *common], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_nodes(gcs, 2, env)
-        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{env['DASHBOARD_PORT']}", "env": env}
+        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{env['DASHBOARD_PORT']}", "env": env, "token": token}
     finally:
         stop(list(reversed(procs)))
         left = reap(env[MARK])
@@ -159,18 +182,30 @@ class TestCluster:
         assert where[0][1] != where[1][1], f"both ranks on node {where[0][1]}"
         assert last_json(r.stdout)["output_checksum"] == local_checksum
 
-    def test_ray_job_submit(self, cluster: dict, local_checksum: float) -> None:
+    def test_ray_job_submit_finds_the_token_as_ray_does(self, cluster: dict, local_checksum: float,
+                                                         tmp_path) -> None:
+        # As the README runs it against a token-auth head: the token only in ~/.ray/auth_token (a
+        # private HOME here), neither RAY_AUTH_MODE nor RAY_AUTH_TOKEN set; the script sets the mode.
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text(cluster["token"])
         job = f"tp-test-{uuid.uuid4().hex[:8]}"
-        env = {**cluster["env"], "RAY_ADDRESS": cluster["dashboard"], "PYTHON": sys.executable,
-               "RAY_SUBMIT_ARGS": f"--submission-id {job}"}
+        env = {k: v for k, v in cluster["env"].items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        env.update(HOME=str(tmp_path), RAY_ADDRESS=cluster["dashboard"], PYTHON=sys.executable,
+                   RAY_SUBMIT_ARGS=f"--submission-id {job}")
         r = subprocess.run([str(REPO / "launch" / "ray_submit.sh"), TINY, "workload.prompt_len=[16, 300]"],
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        env = {**cluster["env"], "RAY_ADDRESS": cluster["dashboard"]}  # the head's own token, for the logs
         logs = subprocess.run([*env["RAY"].split(), "job", "logs", job, "--address", cluster["dashboard"]],
                               env=env, capture_output=True, text=True, timeout=60)
         rec = last_json(logs.stdout)
         assert rec["launcher"] == "ray" and rec["output_checksum"] == local_checksum
         assert "tp_runtime ray: 2 x {CPU: 1} STRICT_PACK" in logs.stdout + logs.stderr
+
+    def test_dashboard_listens_where_dashboard_host_says(self, cluster: dict) -> None:
+        port = int(cluster["dashboard"].rsplit(":", 1)[1])
+        on_port = [x for x in listeners(marked(cluster["env"][MARK])) if x[3] == port]
+        assert on_port and all(addr == "127.0.0.1" for _, _, addr, _ in on_port), on_port
 
 
 # ---------------------------------------------------------------- GPUs (pytest -m gpu, two GPUs)

@@ -1,18 +1,22 @@
 """torchrun and the local elastic launcher on real processes: standalone and two node-processes
 (c10d rendezvous on a free loopback port, through launch/torchrun_multinode.sh) reproduce the local
 launcher's checksum exactly (same code, same CPU, one thread per rank, a two-addend all-reduce: see
-test_launch_ray.py), and one rank's death ends every rank non-zero in bounded time."""
+test_launch_ray.py), one rank's death ends every rank non-zero in bounded time, a stopped (hung)
+rank is named and the run ends within parallel.timeout_s plus seconds, and the ranks listen on
+127.0.0.1 only."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import MARK, REPO, TINY, child_env, free_port, last_json, reap, run_cli, stop
+from conftest import (MARK, REPO, STOP, STOP_TIMEOUT_S, TINY, child_env, free_port, is_loopback, last_json, reap,
+                      run_cli, stop, stopped_at, watch_listeners)
 
 MULTINODE = str(REPO / "launch" / "torchrun_multinode.sh")
 
@@ -147,3 +151,52 @@ def test_torchrun_world_size_must_match_tp() -> None:
     assert r.returncode != 0
     assert "torchrun started 1 processes (nnodes x nproc-per-node) but parallel.tp=2" in r.stderr, r.stderr[-3000:]
     assert not reap(env[MARK])
+
+
+# ---------------------------------------------------------------- a hung rank (SIGSTOP)
+
+def test_local_launcher_names_a_stopped_rank_within_the_timeout() -> None:
+    r = run_cli(["run", TINY, "parallel.launcher=local", "parallel.fail_rank=1", *STOP], timeout_s=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: rank 1 failed") and "rank 1 (host " in err and "stopped answering" in err, err
+    after = r.ended - stopped_at(r.stderr, 1)
+    assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli also asserts no process is left
+
+
+def test_torchrun_names_a_stopped_rank_within_the_timeout() -> None:
+    env = child_env()
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "tp_runtime.engine.entry", TINY, "parallel.fail_rank=0", *STOP], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [(rc, out, err)] = _wait_all([p], timeout_s=120)
+    after = time.time() - stopped_at(err, 0)
+    assert rc != 0 and "output_checksum" not in out
+    assert re.search(r"rank 1: rank 0 \(host \S+, pid \d+\) stopped answering", err), err[-3000:]
+    assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after
+    assert not reap(env[MARK])  # the stopped rank was ended, not left behind
+
+
+# ---------------------------------------------------------------- what listens during a run
+
+
+def test_local_launcher_listens_on_loopback_only() -> None:
+    # The launcher's store (this CLI process) and gloo's sockets in the ranks; 64 requests keep the
+    # run going for seconds while the sockets are sampled every 0.1 s.
+    r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "parallel.launcher=local",
+                               "workload.requests=64"], timeout_s=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len({pid for pid, _, _, _ in seen}) >= 3, seen  # the CLI's store, gloo's socket in each rank
+    assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
+
+
+def test_torchrun_ranks_listen_on_loopback_only_and_the_agent_is_the_known_exception() -> None:
+    # torch's agent (pt_elastic) binds its rendezvous stores on every interface and torchrun offers no
+    # way to hand it a loopback socket (README, security notes); the ranks themselves stay on 127.0.0.1.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "tp_runtime.engine.entry", TINY, "workload.requests=64"]
+    r, seen = watch_listeners(cmd, timeout_s=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = {x for x in seen if x[1] != "pt_elastic"}
+    assert len(ranks) >= 2 and all(is_loopback(addr) for _, _, addr, _ in ranks), sorted(seen)
+    assert {name for _, name, addr, _ in seen if not is_loopback(addr)} <= {"pt_elastic"}, sorted(seen)

@@ -17,7 +17,7 @@ from tp_runtime.config import load_config
 from tp_runtime.engine.entry import in_process
 from tp_runtime.engine.scheduler import Scheduler
 from tp_runtime.engine.workload import build_workload
-from tp_runtime.verify.check import TOLERANCES, max_rel_err, reference_outputs
+from tp_runtime.verify.check import TOLERANCES, compare, max_rel_err, reference_outputs
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
 SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
@@ -113,3 +113,25 @@ def test_too_long_request_is_rejected_and_others_unchanged(scenario, tp1):
     assert "request 6" in res.rejected[0].reason and "520" in res.rejected[0].reason and "512" in res.rejected[0].reason
     assert set(res.outputs) == set(range(6))
     assert max_rel_err(res.outputs, tp1.outputs) == 0.0  # same schedule for the others: bit-identical
+
+
+@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_output_on_either_side_fails_the_comparison(side, bad):
+    # Request 3, position 5 holds the bad value; request 1 is fine. max() over errors used to drop a NaN.
+    torch.manual_seed(0)
+    a = {1: torch.randn(4, 8), 3: torch.randn(9, 8)}
+    b = {r: x.clone() for r, x in a.items()}
+    (a, b)[side][3][5, 2] = bad
+    c = compare(a, b, ("tp=2 ray", "tp=1"), TOL)
+    assert c["ok"] is False and c["max_rel_err"] is None
+    assert c["nonfinite"] == f"{('tp=2 ray', 'tp=1')[side]}: request 3 position 5"
+
+
+def test_max_rel_err_propagates_nan():
+    x = torch.zeros(3, 4)  # ||b|| = 0 and a - b = 0 give 0/1e-30 = 0; inf - inf gives NaN
+    y = x.clone()
+    x[1, 0] = y[1, 0] = float("inf")
+    assert torch.isnan(torch.tensor(max_rel_err({0: x}, {0: y})))
+    assert compare({0: torch.ones(2, 3)}, {0: torch.ones(2, 3)}, ("a", "b"), TOL) == {
+        "max_rel_err": 0.0, "tol": TOL, "ok": True}

@@ -19,6 +19,7 @@ import sys
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.parallel.group import resolve_device
+from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
 from tp_runtime.weights.format import CheckpointError
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate_inputs(cfg: RunConfig) -> None:
-    """Refuse a bad input file, checkpoint or FP8 shard layout here, before any rank computes."""
+    """Refuse a bad input file, checkpoint, FP8 shard layout or output path here, before any rank computes."""
     if cfg.runtime.weight_format == "fp8":
         if cfg.parallel.launcher != "ray" and resolve_device(cfg.runtime.device).type != "cuda":
             raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; "
@@ -56,25 +57,43 @@ def _validate_inputs(cfg: RunConfig) -> None:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
     if cfg.model.checkpoint:
         validate_checkpoint(cfg.model, cfg.model.checkpoint)
+    if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
+        check_output_file(cfg.workload.dump, "workload.dump")
+    _check_local_gpus(cfg)
+
+
+def _check_local_gpus(cfg: RunConfig) -> None:
+    """runtime.device=cuda under the local launcher: every rank runs on this machine, one GPU each."""
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tp = cfg.parallel.tp
+    if cfg.runtime.device == "cuda" and cfg.parallel.launcher == "local" and have < tp:
+        raise ConfigError(f"{cfg.origin('runtime.device')}: runtime.device=cuda with parallel.tp={tp} under "
+                          f"parallel.launcher=local needs {tp} GPU(s) on this machine; "
+                          f"{f'it has {have}' if have else 'CUDA is not available here'} (use runtime.device=auto or cpu)")
 
 
 def _cmd_run(cfg: RunConfig) -> int:
     from tp_runtime.engine.entry import launch
-    from tp_runtime.engine.report import print_report
+    from tp_runtime.engine.report import report_and_status
 
-    print_report(cfg, launch(cfg))
-    return 0
+    return report_and_status(cfg, launch(cfg))
 
 
 def _cmd_check(cfg: RunConfig) -> int:
+    from tp_runtime.engine.report import strict_json
     from tp_runtime.verify.check import run_check
 
     rec = run_check(cfg)
     print(f"tp_runtime check: tp={rec['tp']} device={rec['device']} dtype={rec['dtype']} "
           f"graphs={rec['graph_mode']} requests={rec['requests']}")
     for name, c in rec["comparisons"].items():
-        print(f"  {name:24s} max_rel_err {c['max_rel_err']:.3e}  tol {c['tol']:.0e}  {'ok' if c['ok'] else 'FAIL'}")
-    print(json.dumps(rec), flush=True)
+        err = f"{c['max_rel_err']:.3e}" if c["max_rel_err"] is not None else f"non-finite ({c['nonfinite']})"
+        print(f"  {name:24s} max_rel_err {err}  tol {c['tol']:.0e}  {'ok' if c['ok'] else 'FAIL'}")
+    if not rec["requests"]:
+        print("  no request completed: nothing was compared")
+    print(strict_json(rec), flush=True)
     return 0 if rec["ok"] else 1
 
 
@@ -108,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)
-    except LaunchError as e:
+    except (LaunchError, CheckpointError) as e:  # a rank failed, or found its weights bad while loading
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -61,10 +61,14 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     # One entry per layer (0 window-only, 4 CSA, 128 HCA); entries past num_hidden_layers are MTP layers.
     compress_ratios: list[int] = field(default_factory=list)
-    # Which layers this run builds: null (all), "a-b" (inclusive range) or "a,b,c".
-    layers: str | None = None
+    # Which layers this run builds: null (all), "a-b" (inclusive range), "a,b,c" or one index (3).
+    layers: str | int | None = None
     # A DeepSeek-V4 checkpoint directory; null draws seeded weights.
     checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, int):  # model.layers=3: layer 3 alone
+            self.layers = str(self.layers)
 
     @property
     def nope_head_dim(self) -> int:
@@ -91,17 +95,12 @@ class ParallelConfig:
     placement_strategy: str = field(default="STRICT_PACK", metadata=_choices("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"))
     # Seconds to wait for the Ray placement group before failing with what was asked and what exists.
     placement_timeout_s: float = 60.0
-    # Testing only (fault injection): rank `fail_rank` kills its own process with SIGKILL as step
-    # `fail_step` (0-based) begins, the way a crashed or OOM-killed rank vanishes. null: off.
+    # Testing only (fault injection): rank `fail_rank` stops as step `fail_step` (0-based) begins:
+    # fail_mode kill SIGKILLs its own process (a crashed or OOM-killed rank vanishes), stop SIGSTOPs it
+    # (a hung rank: alive, its sockets open, answering nothing). null: off.
     fail_rank: int | None = None
     fail_step: int = 0
-
-    def __post_init__(self) -> None:
-        if self.fail_rank is not None and not 0 <= self.fail_rank < self.tp:
-            raise ConfigError(f"'parallel.fail_rank'={self.fail_rank} must be a rank in 0..{self.tp - 1} "
-                              f"(parallel.tp={self.tp}) or null")
-        if self.fail_step < 0:
-            raise ConfigError(f"'parallel.fail_step' must be >= 0, got {self.fail_step}")
+    fail_mode: str = field(default="kill", metadata=_choices("kill", "stop"))
 
 
 @dataclass
@@ -153,11 +152,22 @@ class RunConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     source: str = field(default="<defaults>", metadata={"internal": True})
+    # dotted key (or section) -> where its value was set: the file, an override word, a config.json
+    origins: dict[str, str] = field(default_factory=dict, metadata={"internal": True})
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("source")
+        d.pop("origins")
         return d
+
+    def origin(self, key: str) -> str:
+        """Where the value of a dotted key came from (its own entry or its section's); else the file."""
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = key.rpartition(".")[0]
+        return self.source
 
 
 # ---------------------------------------------------------------- parsing
@@ -204,7 +214,15 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key, source)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], key, source)
+        for a in inner:  # the first type that accepts the value
+            try:
+                return _coerce(value, a, key, source)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{source}: '{key}' must be {' or '.join(map(_type_name, inner))}, "
+                          f"got {type(value).__name__} {value!r}")
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -255,32 +273,63 @@ def _set_dotted(data: dict, key: str, value: Any, source: str) -> None:
     node[parts[-1]] = value
 
 
+def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML config file holds; a missing, unreadable, empty or non-mapping file is refused."""
+    sections = [f.name for f in dataclasses.fields(RunConfig) if not f.metadata.get("internal")]
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give a YAML file such as configs/tiny.yaml") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty; it needs at least one of the sections {sections}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections {sections}, "
+                          f"got a {type(data).__name__}")
+    return data
+
+
+def _origins(data: dict, source: str, prefix: str = "") -> dict[str, str]:
+    """Every dotted key (and section) a mapping sets -> source."""
+    out = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out[key] = source
+        if isinstance(v, dict):
+            out.update(_origins(v, source, key + "."))
+    return out
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML file (or defaults when path is None), apply overrides, validate."""
     data: dict = {}
     source = "<defaults>"
     if path is not None:
         source = str(path)
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    model = data.get("model") if isinstance(data, dict) else None
-    origins = dict.fromkeys(model, source) if isinstance(model, dict) else {}  # model key -> where it was set
+        data = read_yaml(path)
+    origins = _origins(data, source)  # dotted key -> where it was set
     for word in overrides or []:
         key, value = parse_override(word)
         _set_dotted(data, key, value, f"override {word!r}")
         # Build once per override so an error names the command-line word rather than the file.
         _build(RunConfig, data, "", f"{source} with override {word!r}")
-        if key.startswith("model."):
-            origins[key.split(".")[1]] = f"{source} with override {word!r}"
+        origins = {k: v for k, v in origins.items() if not k.startswith(key + ".")}
+        origins.update(_origins({key: value}, f"override {word!r}"))
     cfg = _build(RunConfig, data, "", source)
     if cfg.model.checkpoint:  # the checkpoint's config.json supplies the model keys
-        merge_checkpoint_config(data["model"], origins)
+        model_origins = {k.split(".")[1]: v for k, v in origins.items() if k.startswith("model.")}
+        path_json = merge_checkpoint_config(data["model"], model_origins)
+        origins.update({f"model.{k}": str(path_json) for k in data["model"]
+                        if k not in RUN_MODEL_KEYS and model_origins.get(k) is None})
         cfg = _build(RunConfig, data, "", source)
-    cfg.source = source
+    cfg.source, cfg.origins = source, origins
     validate(cfg)
     return cfg
 
@@ -352,8 +401,9 @@ def _agree(key: str, mine: Any, theirs: Any, origin: str, path: Path) -> None:
                           f"make it agree{hint}")
 
 
-def merge_checkpoint_config(model: dict, origins: dict[str, str]) -> None:
-    """Fill a raw model section from the checkpoint's config.json, in place (load_config calls this).
+def merge_checkpoint_config(model: dict, origins: dict[str, str]) -> Path:
+    """Fill a raw model section from the checkpoint's config.json, in place (load_config calls this);
+    returns that config.json's path.
 
     config.json decides every model key it gives; a YAML or override value that disagrees is an error
     naming the key, both values and both files (`origins`: key -> where the run's value came from).
@@ -372,7 +422,9 @@ def merge_checkpoint_config(model: dict, origins: dict[str, str]) -> None:
         try:
             parse_layer_spec(model["layers"], values["num_hidden_layers"])
         except ConfigError as e:
-            raise ConfigError(f"{e} ({path} has num_hidden_layers={values['num_hidden_layers']})") from None
+            raise ConfigError(f"{origins.get('layers', 'the run config')}: {e} ({path} has "
+                              f"num_hidden_layers={values['num_hidden_layers']})") from None
+    return path
 
 
 def checkpoint_disagreements(model: ModelConfig, directory: str | Path) -> tuple[list[str], Path]:
@@ -391,9 +443,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _require(cond: bool, cfg: RunConfig, msg: str) -> None:
+def _require(cond: bool, cfg: RunConfig, msg: str, *keys: str) -> None:
+    """Refuse with msg, naming where the values of `keys` came from (the file, an override word)."""
     if not cond:
-        raise ConfigError(f"{cfg.source}: {msg}")
+        where = " and ".join(dict.fromkeys(cfg.origin(k) for k in keys)) if keys else cfg.source
+        raise ConfigError(f"{where}: {msg}")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -401,51 +455,70 @@ def validate(cfg: RunConfig) -> None:
     m, p, r, w, g = cfg.model, cfg.parallel, cfg.runtime, cfg.workload, cfg.graph
     for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
                  "o_groups", "o_lora_rank", "sliding_window", "index_n_heads", "index_head_dim", "index_topk"):
-        _require(getattr(m, name) > 0, cfg, f"'model.{name}' must be positive, got {getattr(m, name)}")
+        _require(getattr(m, name) > 0, cfg, f"'model.{name}' must be positive, got {getattr(m, name)}", f"model.{name}")
     _require(0 < m.qk_rope_head_dim <= min(m.head_dim, m.index_head_dim) and m.qk_rope_head_dim % 2 == 0, cfg,
-             f"'model.qk_rope_head_dim'={m.qk_rope_head_dim} must be even and at most head_dim and index_head_dim")
+             f"'model.qk_rope_head_dim'={m.qk_rope_head_dim} must be even and at most head_dim and index_head_dim",
+             "model.qk_rope_head_dim", "model.head_dim", "model.index_head_dim")
     _require(m.num_attention_heads % m.o_groups == 0, cfg,
-             f"'model.o_groups'={m.o_groups} must divide num_attention_heads={m.num_attention_heads}")
+             f"'model.o_groups'={m.o_groups} must divide num_attention_heads={m.num_attention_heads}",
+             "model.o_groups", "model.num_attention_heads")
     _require(len(m.compress_ratios) >= m.num_hidden_layers, cfg,
              f"'model.compress_ratios' has {len(m.compress_ratios)} entries; needs one per layer "
-             f"(num_hidden_layers={m.num_hidden_layers})")
+             f"(num_hidden_layers={m.num_hidden_layers})", "model.compress_ratios", "model.num_hidden_layers")
     bad = sorted({x for x in m.compress_ratios if x not in (0, 4, 128)})
-    _require(not bad, cfg, f"'model.compress_ratios' holds {bad}; allowed ratios: [0, 4, 128]")
-    m.layer_ids()  # raises on a bad selection
+    _require(not bad, cfg, f"'model.compress_ratios' holds {bad}; allowed ratios: [0, 4, 128]", "model.compress_ratios")
+    try:
+        m.layer_ids()
+    except ConfigError as e:
+        raise ConfigError(f"{cfg.origin('model.layers')}: {e}") from None
     allowed_tp = [d for d in _divisors(m.num_attention_heads) if m.o_groups % d == 0]
     _require(p.tp in allowed_tp, cfg,
              f"'parallel.tp'={p.tp} must divide num_attention_heads={m.num_attention_heads} and "
-             f"o_groups={m.o_groups}; allowed values: {allowed_tp}")
-    _require(p.timeout_s > 0 and p.placement_timeout_s > 0, cfg, "'parallel.*timeout_s' must be positive")
+             f"o_groups={m.o_groups}; allowed values: {allowed_tp}",
+             "parallel.tp", "model.num_attention_heads", "model.o_groups")
+    _require(p.timeout_s > 0 and p.placement_timeout_s > 0, cfg, "'parallel.*timeout_s' must be positive",
+             "parallel.timeout_s", "parallel.placement_timeout_s")
+    _require(p.fail_rank is None or 0 <= p.fail_rank < p.tp, cfg,
+             f"'parallel.fail_rank'={p.fail_rank} must be a rank in 0..{p.tp - 1} (parallel.tp={p.tp}) or null",
+             "parallel.fail_rank", "parallel.tp")
+    _require(p.fail_step >= 0, cfg, f"'parallel.fail_step' must be >= 0, got {p.fail_step}", "parallel.fail_step")
     for name in ("max_seqs", "max_len", "max_tokens_per_step", "prefill_chunk"):
-        _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}")
+        _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}",
+                 f"runtime.{name}")
     _require(r.kernels != "triton" or r.dtype != "float64", cfg,
              "'runtime.kernels'=triton runs bfloat16 and float32; runtime.dtype=float64 needs runtime.kernels=torch "
-             "(or auto)")
+             "(or auto)", "runtime.kernels", "runtime.dtype")
     if r.kernels == "triton":
         missing = triton_unavailable(r.device)
-        _require(missing is None, cfg, f"'runtime.kernels'=triton needs {missing}; use runtime.kernels=torch or auto")
+        _require(missing is None, cfg, f"'runtime.kernels'=triton needs {missing}; use runtime.kernels=torch or auto",
+                 "runtime.kernels")
     _require(r.max_tokens_per_step >= r.max_seqs, cfg,
              f"'runtime.max_tokens_per_step'={r.max_tokens_per_step} must be at least runtime.max_seqs={r.max_seqs} "
-             "so every running sequence can decode each step")
-    _require(w.requests >= 0, cfg, f"'workload.requests' must be >= 0, got {w.requests}")
+             "so every running sequence can decode each step", "runtime.max_tokens_per_step", "runtime.max_seqs")
+    _require(w.requests >= 0, cfg, f"'workload.requests' must be >= 0, got {w.requests}", "workload.requests")
     for name in ("prompt_len", "decode_len"):
         v = getattr(w, name)
         _require(len(v) == 2 and 0 <= v[0] <= v[1] and (name == "decode_len" or v[0] >= 1), cfg,
-                 f"'workload.{name}' must be [min, max] with {'1' if name == 'prompt_len' else '0'} <= min <= max, got {v}")
+                 f"'workload.{name}' must be [min, max] with {'1' if name == 'prompt_len' else '0'} <= min <= max, got {v}",
+                 f"workload.{name}")
     for name in ("prompt_lens", "decode_lens"):
         v = getattr(w, name)
         _require(v is None or len(v) == w.requests, cfg,
-                 f"'workload.{name}' has {len(v or [])} entries; needs one per request (workload.requests={w.requests})")
-    _require(all(x >= 1 for x in (w.prompt_lens or [1])), cfg, "'workload.prompt_lens' entries must be >= 1")
-    _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0")
+                 f"'workload.{name}' has {len(v or [])} entries; needs one per request (workload.requests={w.requests})",
+                 f"workload.{name}", "workload.requests")
+    _require(all(x >= 1 for x in (w.prompt_lens or [1])), cfg, "'workload.prompt_lens' entries must be >= 1",
+             "workload.prompt_lens")
+    _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0",
+             "workload.decode_lens")
     _require(r.weight_format != "fp8" or r.device != "cpu", cfg,
-             "'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; runtime.device=cpu (use bf16 there)")
+             "'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; runtime.device=cpu (use bf16 there)",
+             "runtime.weight_format", "runtime.device")
     _require(r.weight_format != "fp8" or m.q_lora_rank % 128 == 0, cfg,
              f"'runtime.weight_format'=fp8 fuses wq_a and wkv on 128-row scale blocks: model.q_lora_rank="
-             f"{m.q_lora_rank} must be a multiple of 128")
+             f"{m.q_lora_rank} must be a multiple of 128", "runtime.weight_format", "model.q_lora_rank")
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
-             f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}")
+             f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}",
+             "graph.capture_sizes")
 
 
 def triton_unavailable(device: str) -> str | None:

@@ -28,6 +28,7 @@ from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
 from tp_runtime.parallel.launcher import run_on_ranks
+from tp_runtime.paths import check_output_dir
 
 __all__ = ["bench_entry", "launch_plan", "run_bench"]
 
@@ -96,6 +97,7 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
     try:
         sweep = load_sweep(config_path, overrides)
+        check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ["WORLD_SIZE"])
     try:
         sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+        if os.environ["RANK"] == "0":  # rank 0 writes the results
+            check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

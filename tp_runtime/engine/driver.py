@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import SafetensorError
 
 from tp_runtime.engine.plan import StepPlan
 from tp_runtime.engine.scheduler import Rejection, Scheduler
@@ -39,6 +40,7 @@ class RunResult:
     kernels: str = ""  # the resolved runtime.kernels: torch | triton
     graph: dict = field(default_factory=dict)
     load: dict = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # what failed after the last step (an output not written)
 
     @property
     def decode_step_ms_median(self) -> float | None:
@@ -82,7 +84,10 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     if keep:
         res.outputs = {r: torch.cat(p) for r, p in parts.items()}
     if cfg.workload.dump:
-        write_dump(cfg.workload.dump, workload, res.outputs)
+        try:  # checked before any rank started; a failure now is reported after the run's report
+            write_dump(cfg.workload.dump, workload, res.outputs)
+        except (OSError, SafetensorError) as e:
+            res.errors.append(f"workload.dump={cfg.workload.dump}: writing the dump failed: {e}")
     return res
 
 

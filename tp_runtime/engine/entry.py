@@ -20,26 +20,44 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
 from tp_runtime.engine.driver import RunResult, drive
-from tp_runtime.engine.report import print_report
+from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
+from tp_runtime.parallel.errors import RankLostError
 from tp_runtime.parallel.group import group_from_env, shutdown
+from tp_runtime.parallel.heartbeat import Heartbeat, kill, lost_message, on_this_machine
 from tp_runtime.parallel.launcher import run_on_ranks
+from tp_runtime.paths import check_output_file
 
 
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
     """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
 
-    Returns the driver's result on rank 0 and None elsewhere.
+    Returns the driver's result on rank 0 and None elsewhere. When a collective fails because a peer
+    stopped answering (its heartbeat stopped), the error names that peer; one on this machine is
+    killed first, so that the launcher does not wait on a process that cannot act on SIGTERM.
     """
     cfg = config_from_dict(cfg_dict)
     p = cfg.parallel
     tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
+    beat = Heartbeat.start(tp.rank, tp.size, p.timeout_s) if tp.size > 1 else None
     worker = None
     try:
         worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
         worker = worker_cls(cfg, tp, oneshot=oneshot)
         return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+    except Exception as e:
+        if beat is not None and (lost := beat.silent_peers()):
+            here = on_this_machine(lost)
+            message = lost_message(lost, here, tp.rank, p.timeout_s)
+            # Said before the kill: a launcher may stop this rank as soon as it sees the killed one.
+            print(f"tp_runtime: rank {tp.rank}: {message}", file=sys.stderr, flush=True)
+            beat.record_lost(message)  # the local launcher reads it from its store
+            kill(here)
+            raise RankLostError(message) from e
+        raise
     finally:
+        if beat is not None:
+            beat.stop()
         if worker is not None:
             worker.close()
         else:
@@ -69,6 +87,8 @@ def _torchrun_config(args: list[str]) -> RunConfig:
     if world != cfg.parallel.tp:
         raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
                           f"parallel.tp={cfg.parallel.tp}; they must be equal")
+    if cfg.workload.dump and os.environ.get("RANK") == "0":  # rank 0 writes it, on its machine
+        check_output_file(cfg.workload.dump, "workload.dump")
     return cfg
 
 
@@ -86,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = worker_entry(cfg.to_dict())
-    if result is not None:
-        print_report(cfg, result)
-    return 0
+    return report_and_status(cfg, result) if result is not None else 0
 
 
 

@@ -1,8 +1,15 @@
-"""Run reports: a short human summary, then one JSON object as the last stdout line."""
+"""Run reports: a short human summary, then one JSON object as the last stdout line.
+
+The JSON line is strict JSON: a value that is not finite is written as null, next to a field saying
+so (`output_checksum_finite`). A run whose outputs turned non-finite, that completed no request, or
+that could not write an output prints its report and then one `error:` line, and exits 1.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.driver import RunResult
@@ -33,7 +40,8 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "wall_s": round(res.wall_s, 4),
         "decode_step_ms_median": res.decode_step_ms_median,
         "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
-        "output_checksum": res.output_checksum,
+        "output_checksum": res.output_checksum if math.isfinite(res.output_checksum) else None,
+        "output_checksum_finite": math.isfinite(res.output_checksum),
         "capture_sizes": sorted({s for k in g.values() for s in k["capture_sizes"]}, reverse=True),
         "capture_s": sum(k["capture_s"] for k in g.values()),
         "segments_per_step": max((k["segments_per_step"] for k in g.values()), default=0),
@@ -65,7 +73,44 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     if rec["graphs"] or rec["steps_by_path"].get("full"):
         paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
         print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")
+    checksum = "NOT FINITE" if rec["output_checksum"] is None else f"{rec['output_checksum']:.6f}"
     print(f"  wall {rec['wall_s']:.3f} s, {rec['tokens_per_s'] or 0:.1f} tokens/s, decode step median "
-          f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {rec['output_checksum']:.6f}")
-    print(json.dumps(rec), flush=True)
+          f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {checksum}")
+    print(strict_json(rec), flush=True)
     return rec
+
+
+def strict_json(rec: dict) -> str:
+    """One line of strict JSON: non-finite floats become null (json.dumps would write NaN or Infinity,
+    which JSON parsers refuse); the record carries its own field saying which value that was."""
+    return json.dumps(_finite_or_null(rec), allow_nan=False)
+
+
+def _finite_or_null(v):
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite_or_null(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_or_null(x) for x in v]
+    return v
+
+
+def run_problems(rec: dict, res: RunResult) -> list[str]:
+    """Why a run that ran to the end still failed: non-finite outputs, no request completed, an
+    output that could not be written (res.errors)."""
+    problems = []
+    if not rec["output_checksum_finite"]:
+        problems.append("the outputs turned non-finite (NaN or inf; output_checksum is null)")
+    if rec["requests"] and not rec["completed"]:
+        problems.append(f"no request completed: all {rec['requests']} were rejected")
+    return problems + list(res.errors)
+
+
+def report_and_status(cfg: RunConfig, res: RunResult, command: str = "run") -> int:
+    """Print the report; then, if the run failed after all, one `error:` line. Returns the exit status."""
+    problems = run_problems(print_report(cfg, res, command), res)
+    if problems:
+        print(f"error: {'; '.join(problems)}", file=sys.stderr, flush=True)
+        return 1
+    return 0

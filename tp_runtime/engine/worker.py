@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 import warnings
 from typing import NamedTuple
 
@@ -147,13 +149,17 @@ class Worker:
 
 
 class FaultyWorker(Worker):
-    """Testing only (parallel.fail_rank / fail_step): this rank SIGKILLs its own process as step
-    `fail_step` begins: no exception, no cleanup, its sockets closed by the kernel, like a crash."""
+    """Testing only (parallel.fail_rank / fail_step / fail_mode): as step `fail_step` begins, this rank
+    SIGKILLs its own process (kill: no exception, no cleanup, its sockets closed by the kernel, like a
+    crash) or SIGSTOPs it (stop: a hung rank, alive with its sockets open, answering nothing)."""
 
     steps_begun = 0
 
     def step(self, plan: StepPlan, x: torch.Tensor, on_break=None, replay: bool = True) -> tuple[torch.Tensor, StepRun]:
         if self.steps_begun == self.cfg.parallel.fail_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            mode = self.cfg.parallel.fail_mode
+            print(f"tp_runtime: rank {self.tp.rank} {mode}s itself at step {self.steps_begun} (time {time.time():.3f})",
+                  file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP if mode == "stop" else signal.SIGKILL)
         self.steps_begun += 1
         return super().step(plan, x, on_break, replay)

@@ -4,18 +4,26 @@ There is no module-global rank state: a tp = 1 group and a shard's group can liv
 `init_from_env` joins the group a launcher prepared (torchrun, the elastic agent, Ray actors all set
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT); `shutdown` tears it down in the order
 that cannot hang (graphs first, then the process group).
+
+What listens: where the ranks host their own store (no launcher store: Ray), rank 0's store listens
+on MASTER_ADDR only (store.py), not on every interface as torch's would; when every rank runs on this
+machine (LOCAL_WORLD_SIZE == WORLD_SIZE), gloo's sockets use the loopback interface
+(GLOO_SOCKET_IFNAME, unless set) instead of the address the host name resolves to.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from tp_runtime.parallel.store import listening_store
 
 
 @dataclass(frozen=True)
@@ -86,9 +94,21 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # the ranks host their store: rank 0
+        kwargs["store"] = _rank_store(rank, world, timeout)
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == world and "lo" in dict(socket.if_nameindex()).values():
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks here: gloo on 127.0.0.1
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     return TPGroup(rank=rank, size=world, device=device, group=dist.group.WORLD, cpu_group=cpu_group)
+
+
+def _rank_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT: served by rank 0 on that address only."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank == 0:
+        return listening_store(host, port, timeout, world)
+    return dist.TCPStore(host, port, world, False, timeout)
 
 
 def group_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:

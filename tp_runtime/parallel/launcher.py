@@ -1,7 +1,7 @@
 """Start the ranks of a run and return rank 0's result.
 
     local     tp = 1 runs in this process; tp > 1 starts one process per rank through torch's
-              elastic agent (the machinery behind torchrun) with a c10d rendezvous on a free port
+              elastic agent (the machinery behind torchrun), the workers' store on 127.0.0.1
     ray       one actor per rank in a placement group (ray_launch.py)
     torchrun  the processes already exist: run `torchrun ... -m tp_runtime.engine.entry CONFIG`
 
@@ -14,10 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from datetime import timedelta
 from typing import Any, Callable
 
 from tp_runtime.config import RunConfig
 from tp_runtime.parallel.errors import LaunchError
+
+RENDEZVOUS_TIMEOUT_S = 900  # the workers' store: every rank must reach it within this (torch's default)
 
 
 def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
@@ -39,25 +42,33 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
 
 
 def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
-    """entry(*args) in nproc processes on this host through torch's elastic agent (c10d rendezvous on a
-    free port); rank 0's return value. A failing rank ends the run with LaunchError naming it."""
+    """entry(*args) in nproc processes on this host through torch's elastic agent; rank 0's return value.
+    The workers' store listens on 127.0.0.1 only (store.LoopbackRendezvous). A failing rank ends the
+    run with LaunchError naming every failed rank, and the peer a rank found silent (heartbeat.py)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from tp_runtime.parallel.heartbeat import read_lost
+    from tp_runtime.parallel.store import LOOPBACK_BACKEND, listening_store
+
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    store = listening_store("127.0.0.1", 0, timedelta(seconds=RENDEZVOUS_TIMEOUT_S))  # port 0: a free one
     lc = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the store picks a free port
+        rdzv_backend=LOOPBACK_BACKEND, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_configs={"store": store},
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
         return elastic_launch(lc, entry)(*args)[0]
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        raise LaunchError(f"rank {rank} failed (exit code {failure.exitcode}): "
-                          f"{_failure_message(failure)}") from None
+        first, _ = e.get_first_failure()
+        ranks = [first] + sorted(r for r in e.failures if r != first)
+        failed = "; ".join(f"rank {r} failed (exit code {e.failures[r].exitcode}): "
+                           f"{_failure_message(e.failures[r])}" for r in ranks)
+        lost = read_lost(store)  # what a rank found and recorded before the agent stopped the rest
+        raise LaunchError(f"{failed}{f'; {lost}' if lost and lost not in failed else ''}") from None
 
 
 def _failure_message(failure) -> str:

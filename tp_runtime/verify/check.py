@@ -7,7 +7,9 @@
     full_vs_eager           (graph.mode=full or full_and_breakable) the run whose decode-only steps take the
                             static full-graph path (replayed on a GPU, run eagerly on a CPU) against eager
 
-The error of a comparison is max over requests and tokens of ||a_t - b_t|| / ||b_t||.
+The error of a comparison is max over requests and tokens of ||a_t - b_t|| / ||b_t||. A NaN or
+infinite value on either side fails the comparison, naming the side, the request and its first
+non-finite position (an error computed from it would be NaN, which no tolerance test catches).
 """
 
 from __future__ import annotations
@@ -37,14 +39,36 @@ TOLERANCES = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 3e-2}
 
 
 def max_rel_err(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
+    """max over requests and tokens of ||a_t - b_t|| / ||b_t||; NaN when any token's error is NaN."""
     if set(a) != set(b):
         raise ValueError(f"compared runs completed different requests: {sorted(a)} vs {sorted(b)}")
-    worst = 0.0
+    worst = torch.zeros((), dtype=torch.float64)
     for r in a:
         x, y = a[r].double(), b[r].double().to(a[r].device)
         err = (x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(1e-30)
-        worst = max(worst, float(err.max()) if err.numel() else 0.0)
-    return worst
+        if err.numel():
+            worst = torch.maximum(worst, err.max().cpu())  # propagates NaN (Python's max() would drop it)
+    return float(worst)
+
+
+def first_nonfinite(outputs: dict[int, torch.Tensor]) -> tuple[int, int] | None:
+    """(request, position) of the first token holding a NaN or infinite value; None when all are finite."""
+    for r in sorted(outputs):
+        bad = ~torch.isfinite(outputs[r]).all(dim=-1)
+        if bool(bad.any()):
+            return r, int(bad.nonzero()[0, 0])
+    return None
+
+
+def compare(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor], sides: tuple[str, str], tol: float) -> dict:
+    """One comparison's record {max_rel_err, tol, ok}; a non-finite output on either side fails it, and
+    `nonfinite` says where: 'SIDE: request R position P' (max_rel_err is then null)."""
+    for side, out in zip(sides, (a, b)):
+        if (where := first_nonfinite(out)) is not None:
+            return {"max_rel_err": None, "tol": tol, "ok": False,
+                    "nonfinite": f"{side}: request {where[0]} position {where[1]}"}
+    err = max_rel_err(a, b)
+    return {"max_rel_err": err, "tol": tol, "ok": bool(err <= tol)}
 
 
 def _variant(cfg: RunConfig, **changes: dict) -> RunConfig:
@@ -83,26 +107,28 @@ def run_check(cfg: RunConfig) -> dict:
     tp1 = in_process(eager1, keep_outputs=True)
     oneshot = in_process(eager1, oneshot=True, keep_outputs=True)
     tol = TOLERANCES[main.dtype]
-    errs = {
-        "tp_vs_tp1": max_rel_err(main.outputs, tp1.outputs),
-        "incremental_vs_oneshot": max_rel_err(tp1.outputs, oneshot.outputs),
-        "vs_reference": max_rel_err(main.outputs, reference_outputs(cfg, list(main.outputs))),
+    run = f"tp={cfg.parallel.tp} {cfg.parallel.launcher}"
+    comparisons = {
+        "tp_vs_tp1": compare(main.outputs, tp1.outputs, (run, "tp=1"), tol),
+        "incremental_vs_oneshot": compare(tp1.outputs, oneshot.outputs, ("tp=1", "tp=1 one-shot"), tol),
+        "vs_reference": compare(main.outputs, reference_outputs(cfg, list(main.outputs)), (run, "oracle"), tol),
     }
     if cfg.graph.mode == "breakable" and main.graph:
         eager = launch(_variant(cfg, graph={"mode": "eager"}), keep_outputs=True)
         # Replay runs the very kernels of the eager path on the same shapes but for padding rows,
         # so only reduction-order differences of padded GEMMs remain: well inside bf16 rounding.
-        errs["graph_vs_eager"] = max_rel_err(main.outputs, eager.outputs)
+        comparisons["graph_vs_eager"] = compare(main.outputs, eager.outputs, (f"{run} graphs", f"{run} eager"), tol)
     if cfg.graph.mode in ("full", "full_and_breakable"):
         eager = launch(_variant(cfg, graph={"mode": "eager"}), keep_outputs=True)
         # The static path computes the same function over larger, masked candidate sets (masked entries
         # weigh exactly 0): only the reduction order of the longer sums differs, within the dtype's
         # rounding. In bf16 a reordered indexer score may flip a borderline top-K pick, as in tp_vs_tp1.
-        errs["full_vs_eager"] = max_rel_err(main.outputs, eager.outputs)
-    comparisons = {k: {"max_rel_err": v, "tol": tol, "ok": bool(v <= tol)} for k, v in errs.items()}
+        comparisons["full_vs_eager"] = compare(main.outputs, eager.outputs, (f"{run} full graphs", f"{run} eager"),
+                                               tol)
     return {
         "command": "check",
-        "ok": all(c["ok"] for c in comparisons.values()),
+        # Nothing completed (every request rejected) is nothing checked: not a pass.
+        "ok": bool(main.outputs) and all(c["ok"] for c in comparisons.values()),
         "tp": cfg.parallel.tp,
         "launcher": cfg.parallel.launcher,
         "device": main.device,

@@ -8,7 +8,9 @@ FP8 matrices are kept as stored (values and scale bytes of the shard) instead of
 
 `load_checkpoint` first checks, from file headers alone, every tensor the selected layers need (name,
 dtype, shape, scale shape) and reads the scale bytes of the shard; only then does it copy weights into
-the stack, so a bad checkpoint leaves the stack untouched. A rank opens only the files the index names
+the stack, so a bad checkpoint leaves the stack untouched. Every copied shard is then checked for NaN
+and inf on the device (finite.py: one reduction per tensor, one sync at the end); a non-finite value
+(a NaN bf16, an e4m3 NaN byte, garbage in the data area) is refused naming the tensor and its file. A rank opens only the files the index names
 for its tensors and reads only the rows (column-parallel) or columns (row-parallel) of its shard, then
 dequantizes on its device in the run dtype (exact there: an fp8 value times a power of two).
 A column range of row-parallel wo_b is a short run in every row: only those bytes are copied, but
@@ -36,6 +38,7 @@ from safetensors import SafetensorError, safe_open
 from tp_runtime.config import ConfigError, ModelConfig, checkpoint_disagreements
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process
+from tp_runtime.weights.finite import FiniteCheck
 from tp_runtime.weights.format import (
     E8M0,
     FP8_DTYPE,
@@ -218,8 +221,9 @@ def _validate(items: list[_Item], directory: Path) -> list[str]:
 # ---------------------------------------------------------------- loading: copying the shards
 
 
-def _copy(stack: AttentionStack, items: list[_Item], directory: Path) -> int:
-    """Read each shard, dequantize it on the stack's device, place it; returns the bytes read."""
+def _copy(stack: AttentionStack, items: list[_Item], directory: Path, check: FiniteCheck) -> int:
+    """Read each shard, dequantize it on the stack's device, place it and queue its finite check;
+    returns the bytes read."""
     read = 0
     for fname in dict.fromkeys(it.file for it in items):
         path, mine = directory / fname, [it for it in items if it.file == fname]
@@ -233,10 +237,10 @@ def _copy(stack: AttentionStack, items: list[_Item], directory: Path) -> int:
                     x = host.to(stack.device)
                     if is_fp8_param(it.spec):  # kept as stored: FP8 values and their scale bytes
                         w = x
-                        place_fp8(stack, it.spec, x, it.scale.to(stack.device))
+                        check.add(it.spec.name, str(path), place_fp8(stack, it.spec, x, it.scale.to(stack.device)))
                     else:
                         w = dequantize_fp8(x, it.scale, *it.origin, dtype=stack.dtype) if it.spec.fp8 else x
-                        place(stack, it.spec, w)
+                        check.add(it.spec.name, str(path), place(stack, it.spec, w))
                 except Exception as e:
                     raise CheckpointError(f"tensor {it.spec.name} in {path}: reading failed after the header "
                                           f"checks passed ({e})") from e
@@ -326,9 +330,11 @@ def load_checkpoint(stack: AttentionStack, directory: str | Path) -> dict:
     """
     t0, peak, directory = time.perf_counter(), _HostPeak(), Path(directory)
     items, files = _checked_plan(stack.cfg, stack.tp, directory, stack.fp8)  # all checks pass before the first copy
+    check = FiniteCheck()
     with torch.no_grad():
         try:
-            read = _copy(stack, items, directory)
+            read = _copy(stack, items, directory, check)
+            check.raise_if_any()  # the load's one host sync of the checks
         except Exception:
             _poison(stack)
             raise

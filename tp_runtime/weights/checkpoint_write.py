@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from tp_runtime.config import RUN_MODEL_KEYS, ModelConfig, RunConfig
+from tp_runtime.paths import check_output_dir
 from tp_runtime.weights.fill import draw_full
 from tp_runtime.weights.format import E8M0, INDEX, CheckpointError, scale_name
 from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, quantize_fp8
@@ -66,10 +68,13 @@ def write_checkpoint(cfg: RunConfig, directory: str | Path, n_files: int = 4) ->
     """Write the seeded weights of cfg's selected layers (all by default) in the released DSV4 layout.
 
     Layers are split into n_files contiguous groups, one file each (weights next to their scales);
-    the seeded draw is the one `fill.init_seeded` uses, on the CPU. Returns a summary.
+    the seeded draw is the one `fill.init_seeded` uses, on the CPU. Into a reused directory, the shard
+    files of an earlier write that this one does not replace are removed (the other files stay).
+    Returns a summary.
     """
     m, out = cfg.model, Path(directory)
     groups = _split_layers(m.layer_ids(), n_files)
+    check_output_dir(out, "write-checkpoint OUT_DIR")
     out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     total = 0
@@ -81,8 +86,20 @@ def write_checkpoint(cfg: RunConfig, directory: str | Path, n_files: int = 4) ->
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, fname))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
+    removed = _remove_stale_shards(out, set(weight_map.values()))
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
     (out / "config.json").write_text(json.dumps(checkpoint_config_json(m), indent=1) + "\n")
     return {"directory": str(out), "files": n_files, "layers": len(m.layer_ids()), "tensors": len(weight_map),
-            "bytes": total}
+            "bytes": total, "removed": removed}
+
+
+SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # the names this writer gives its files
+
+
+def _remove_stale_shards(out: Path, written: set[str]) -> list[str]:
+    """Delete shard files an earlier write left in `out` that this one did not write; their names."""
+    stale = sorted(f.name for f in out.iterdir() if SHARD_FILE.fullmatch(f.name) and f.name not in written)
+    for name in stale:
+        (out / name).unlink()
+    return stale

@@ -1,7 +1,8 @@
 """Filling a stack's parameters: seeded weights identical for every tp, or a checkpoint's shard.
 
 A seeded draw makes the full tensor from (seed, name) on the run's device and keeps this rank's
-shard, so tp = 1 and tp = 4, CPU and GPU hold the same model.
+shard, so tp = 1 and tp = 4, CPU and GPU hold the same model. Either way every placed tensor is
+checked for NaN and inf on its device (finite.py) before the stack is used.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.ops.fp8_linear import dequantize
 from tp_runtime.weights.checkpoint_read import load_checkpoint
+from tp_runtime.weights.finite import FiniteCheck
 from tp_runtime.weights.fp8 import quantize_fp8
 from tp_runtime.weights.seeded import named_normal
 from tp_runtime.weights.specs import TensorSpec, is_fp8_param, model_specs, place, place_fp8, scale_blocks, shard_of
@@ -32,15 +34,18 @@ def draw_full(spec: TensorSpec, seed: int, device: torch.device) -> torch.Tensor
 def init_seeded(stack: AttentionStack, seed: int) -> None:
     """Fill every parameter with this rank's shard of the seeded full tensors. With FP8 weights the
     released FP8 matrices are quantized per 128 x 128 block as `write-checkpoint` stores them."""
+    check = FiniteCheck()
     with torch.no_grad():
         for spec in model_specs(stack.cfg, stack.fp8):
             full = draw_full(spec, seed, stack.device)
             if is_fp8_param(spec):
                 q, scale = quantize_fp8(full)
                 rows, cols = scale_blocks(spec, stack.tp)
-                place_fp8(stack, spec, shard_of(spec, q, stack.tp), scale[rows, cols])
+                placed = place_fp8(stack, spec, shard_of(spec, q, stack.tp), scale[rows, cols])
             else:
-                place(stack, spec, shard_of(spec, full, stack.tp))
+                placed = place(stack, spec, shard_of(spec, full, stack.tp))
+            check.add(spec.name, f"the seeded draw (runtime.seed={seed})", placed)
+    check.raise_if_any()
 
 
 def fill_weights(stack: AttentionStack, checkpoint: str | None, seed: int) -> dict:

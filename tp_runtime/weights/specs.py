@@ -112,27 +112,29 @@ def scale_blocks(spec: TensorSpec, tp: TPGroup) -> tuple[slice, slice]:
     return (blocks, cols) if spec.shard_dim == 0 else (rows, blocks)
 
 
-def place_fp8(stack: AttentionStack, spec: TensorSpec, q: torch.Tensor, scale: torch.Tensor) -> None:
+def place_fp8(stack: AttentionStack, spec: TensorSpec, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Copy an FP8 shard q [rows, cols] and its e8m0 scale bytes into `qweight` / `scale` (at its rows of a
-    fused parameter, which start on a 128-row block)."""
-    place(stack, spec, q)
+    fused parameter, which start on a 128-row block); returns the filled FP8 values."""
+    placed = place(stack, spec, q)
     sp = stack.get_parameter(spec.param.removesuffix("qweight") + "scale")
     b0 = spec.row_offset // 128
     if spec.row_offset % 128 or scale.shape[1:] != sp.shape[1:] or b0 + scale.shape[0] > sp.shape[0]:
         raise ValueError(f"{spec.name}: scale blocks {tuple(scale.shape)} do not fit {tuple(sp.shape)} at row "
                          f"{spec.row_offset}")
     sp.narrow(0, b0, scale.shape[0]).copy_(scale)
+    return placed
 
 
-def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> None:
-    """Copy a shard into its parameter (at its rows of a fused parameter); shapes must agree."""
+def place(stack: AttentionStack, spec: TensorSpec, shard: torch.Tensor) -> torch.Tensor:
+    """Copy a shard into its parameter (at its rows of a fused parameter); shapes must agree.
+    Returns the filled part of the parameter."""
     param = stack.get_parameter(spec.param)
     fits = (shard.dim() == param.dim() and shard.shape[1:] == param.shape[1:]
             and spec.row_offset + shard.shape[0] <= param.shape[0])
     if not fits:
         raise ValueError(f"{spec.name}: shard shape {tuple(shard.shape)} does not fit parameter "
                          f"{spec.param} {tuple(param.shape)} at row {spec.row_offset}")
-    param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
+    return param.narrow(0, spec.row_offset, shard.shape[0]).copy_(shard)
 
 
 def check_fp8_shards(cfg: ModelConfig, tp: int) -> None:

@@ -1,0 +1,162 @@
+"""Heartbeats: each rank tells the rendezvous store once a second that it is alive, so that when a
+collective fails the rank that stopped answering can be named (and, on this machine, ended).
+
+    beat = Heartbeat.start(tp.rank, tp.size, timeout_s)   # once the process group exists
+    ...                                                   # a collective raised:
+    lost = beat.silent_peers()                            # [Silent(rank, age_s, host, pid)]
+    here = on_this_machine(lost)
+    beat.record_lost(lost_message(lost, here, rank, timeout_s))   # for a launcher that reads the store
+    kill(here)
+    beat.stop()
+
+A daemon thread adds 1 to this rank's counter every `period_s` and reads every peer's counter. A peer
+whose counter has not moved for 3 periods while this rank's own store calls went through is silent:
+stopped (SIGSTOP, a debugger), stuck in the kernel, or its machine gone. A slow but live rank keeps
+beating (the thread runs beside compute and collectives, which release the GIL); a rank that died
+stops beating too, but its peers' collectives then fail at once on the closed connection, long before
+it counts as silent. When this rank's own store calls stall, the silent one is the store's host: rank
+0 when the ranks host their store (Ray, plain env:// init), the launcher when it does (torchrun, the
+local launcher: TORCHELASTIC_USE_AGENT_STORE).
+
+Why end a silent peer: the run has failed already, and a stopped process cannot act on SIGTERM, so
+torch's elastic agent (torchrun, the local launcher) would wait its termination grace before its
+SIGKILL, a fixed 30 s on the failure path (LocalElasticAgent._stop_workers calls _shutdown() with its
+default; --shutdown-timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT apply only to the signal and exit paths).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+SILENT_PERIODS = 3  # periods without a moving counter that make a peer silent
+PREFIX = "tp_runtime/heartbeat"  # this module's keys in the launcher's store
+
+
+@dataclass(frozen=True)
+class Silent:
+    """A rank whose heartbeat stopped: which one, for how long, and where it runs (if it said)."""
+
+    rank: int | None  # None: the launcher's store, not a rank
+    age_s: float
+    host: str = "?"
+    pid: int = 0
+    pidns: str = ""
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the launcher's rendezvous store"
+        return f"{who} (host {self.host}, pid {self.pid})" if self.pid else who
+
+
+def _identity() -> dict:
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pidns": pidns}
+
+
+class Heartbeat:
+    def __init__(self, store: dist.Store, rank: int, world: int, period_s: float, store_rank: int | None):
+        self.rank, self.period_s, self.store_rank = rank, period_s, store_rank
+        self.peers = [r for r in range(world) if r != rank]
+        self._store, self._lock, self._stop = store, threading.Lock(), threading.Event()
+        now = time.monotonic()
+        self._last_ok, self._moved = now, dict.fromkeys(self.peers, now)
+        self._count: dict[int, int] = {}
+        self._who: dict[int, dict] = {}
+        store.set(f"who/{rank}", json.dumps(_identity()))
+        self._thread = threading.Thread(target=self._loop, name="tp-heartbeat", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, rank: int, world: int, timeout_s: float) -> Heartbeat:
+        """Beat through the launcher's store (MASTER_ADDR:MASTER_PORT), as a client of its own."""
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
+        period = min(1.0, timeout_s / 10)  # silent after 3 periods: well inside the collective timeout
+        return cls(dist.PrefixStore(PREFIX, client), rank, world, period, store_rank)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._store.add(f"beat/{self.rank}", 1)
+                counts = {r: self._store.add(f"beat/{r}", 0) for r in self.peers}
+                for r in [r for r in self.peers if r not in self._who and self._store.check([f"who/{r}"])]:
+                    self._who[r] = json.loads(self._store.get(f"who/{r}"))
+            except Exception:  # noqa: BLE001 - a stalled or gone store: _last_ok stops moving, which silent_peers reads
+                pass
+            else:
+                now = time.monotonic()
+                with self._lock:
+                    self._last_ok = now
+                    for r, c in counts.items():
+                        if c != self._count.get(r):
+                            self._count[r], self._moved[r] = c, now
+            self._stop.wait(self.period_s)
+
+    def _silent(self, rank: int | None, age_s: float) -> Silent:
+        return Silent(rank, age_s, **self._who.get(rank, {}))
+
+    def silent_peers(self) -> list[Silent]:
+        """The peers (or the store's host) whose heartbeat stopped, longest silent first."""
+        now, limit = time.monotonic(), SILENT_PERIODS * self.period_s
+        with self._lock:
+            if now - self._last_ok > limit:  # this rank cannot reach the store: its host went silent
+                return [] if self.store_rank == self.rank else [self._silent(self.store_rank, now - self._last_ok)]
+            lost = [self._silent(r, now - t) for r, t in self._moved.items() if now - t > limit]
+        return sorted(lost, key=lambda s: -s.age_s)
+
+    def record_lost(self, message: str) -> None:
+        """Leave the message in the store, for the local launcher (which hosts it) to report; skipped
+        when the store itself stopped answering (a call would block until the store's timeout)."""
+        with self._lock:
+            answering = time.monotonic() - self._last_ok <= SILENT_PERIODS * self.period_s
+        if answering:
+            try:
+                self._store.set("lost", message)
+            except Exception:  # noqa: BLE001 - best effort: the message is raised and printed too
+                pass
+
+    def stop(self) -> None:
+        """End the thread (without waiting on a store call that hangs: the thread is a daemon)."""
+        self._stop.set()
+        self._thread.join(timeout=2 * self.period_s)
+
+
+def read_lost(store: dist.Store) -> str | None:
+    """The message a rank recorded in the launcher's store (Heartbeat.record_lost), if any."""
+    beats = dist.PrefixStore(PREFIX, store)
+    return beats.get("lost").decode() if beats.check(["lost"]) else None
+
+
+def on_this_machine(lost: list[Silent]) -> list[Silent]:
+    """The silent ranks that run on this machine (same host name and pid namespace), not this process."""
+    me = _identity()
+    return [s for s in lost if s.rank is not None and s.pid and s.pid != me["pid"]
+            and (s.host, s.pidns) == (me["host"], me["pidns"])]
+
+
+def kill(ranks: list[Silent]) -> None:
+    """SIGKILL these ranks' processes (on_this_machine's list)."""
+    for s in ranks:
+        try:
+            os.kill(s.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def lost_message(lost: list[Silent], killing: list[Silent], rank: int, timeout_s: float) -> str:
+    """One line: who stopped answering, for how long, what this rank saw and does about it."""
+    who = "; ".join(f"{s.describe()} stopped answering: no heartbeat for {s.age_s:.1f} s" for s in lost)
+    done = f"; rank {rank} ends {', '.join(f'rank {s.rank}' for s in killing)} (SIGKILL, same machine)" if killing else ""
+    return f"{who} (found by rank {rank} when its collective failed, parallel.timeout_s={timeout_s:g}){done}"
