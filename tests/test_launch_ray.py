@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -72,18 +73,46 @@ def test_embedded_ray_listens_on_loopback_only() -> None:
     assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
 
 
+def test_embedded_ray_ends_with_a_driver_killed_by_sigkill() -> None:
+    # No shutdown runs in a SIGKILLed driver. Ray's fate sharing ends its GCS, raylet and workers, but
+    # its DashboardAgent and RuntimeEnvAgent lingered 60-65 s (measured); the embedded instance's
+    # reaper (ray_launch.REAPER) ends them: measured, every process gone within 5 s of the kill.
+    env = child_env()
+    p = subprocess.Popen([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=512"], cwd=REPO,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stderr:  # the placement line: Ray is up and both ranks are running
+            if line.startswith("tp_runtime ray:"):
+                break
+        assert p.poll() is None, "the run ended before it could be killed"
+        p.kill()
+        p.wait(timeout=10)
+        t0 = time.monotonic()
+        deadline = t0 + 15  # the reaper acts at once; Ray's own fate sharing takes a few seconds more
+        while marked(env[MARK]) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        left = {pid: Path(f"/proc/{pid}/comm").read_text().strip() for pid in marked(env[MARK])
+                if Path(f"/proc/{pid}/comm").exists()}
+    finally:
+        reap(env[MARK], 0)
+        p.stderr.close()
+    assert not left, f"Ray processes alive {time.monotonic() - t0:.0f} s after the driver's SIGKILL: {left}"
+
+
 @pytest.fixture(scope="class")
 def embedded():
     """One embedded Ray (2 CPUs, as on a 2-core machine) for the failure tests of a class; all of its
-    processes must be gone after ray.shutdown()."""
+    processes (its reaper included) must be gone after it stops."""
     mark = uuid.uuid4().hex
     os.environ[MARK] = mark  # inherited by every Ray process started from here
+    instance = None
     try:
-        ray_launch.start_embedded(num_cpus=2, num_gpus=0)
+        instance = ray_launch.start_embedded(num_cpus=2, num_gpus=0)
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         yield
     finally:
-        ray.shutdown()
+        if instance is not None:
+            instance.stop()
         del os.environ[MARK]
         left = reap(mark)
         assert not left, f"Ray processes left behind: {left}"

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
@@ -97,27 +98,85 @@ class RankActor:
 # ---------------------------------------------------------------- connecting
 
 
-def start_embedded(num_cpus: int, num_gpus: int | None = None) -> None:
-    """A private Ray instance on this machine: loopback only, no dashboard, `num_cpus` logical CPUs."""
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-             object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+# Ends an embedded Ray whose driver died without shutting it down (SIGKILL). Ray's own fate sharing
+# ends the GCS, raylet and workers, but its DashboardAgent and RuntimeEnvAgent first report the
+# raylet's death to the dead GCS, with a fixed 60 s timeout. The reaper notes the driver's descendants
+# that are Ray's (by name; pid and start time, from /proc) twice a second while its stdin pipe from the
+# driver is open; EOF without "done" means the driver is gone: it SIGKILLs those that still exist.
+REAPER = """
+import os, select, signal, sys
+driver, seen = int(sys.argv[1]), {}
+RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
+def stat(d):
+    with open(f"/proc/{d}/stat") as f:
+        text = f.read()
+    rest = text.rsplit(")", 1)[1].split()
+    return int(rest[1]), rest[19], text[text.index("(") + 1:text.rindex(")")]  # parent, start time, name
+while not select.select([sys.stdin], [], [], 0.5)[0]:
+    procs = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            procs[int(d)] = stat(d)
+        except (OSError, IndexError, ValueError):
+            pass
+    kids, todo = {}, [driver]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start, name) in procs.items():
+            if ppid == parent and pid != os.getpid() and pid not in kids:
+                kids[pid] = (start, name)
+                todo.append(pid)
+    seen.update({pid: s for pid, (s, name) in kids.items() if name.startswith(RAY_NAMES)})
+if sys.stdin.read() == "done":
+    sys.exit(0)
+for pid, start in seen.items():
+    try:
+        if stat(pid)[1] == start:  # the same process, not a reused pid
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, IndexError, ValueError):
+        pass
+"""
 
 
-def connect(cfg: RunConfig) -> bool:
-    """Join RAY_ADDRESS's cluster, or start an embedded Ray; returns whether Ray was started here."""
+class EmbeddedRay:
+    """A private Ray instance on this machine: loopback only, no dashboard, `num_cpus` logical CPUs.
+    `stop()` shuts it down; if this process dies instead, a small reaper process ends it (REAPER)."""
+
+    def __init__(self, num_cpus: int, num_gpus: int | None = None):
+        self._reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid())], stdin=subprocess.PIPE,
+                                        text=True)
+        try:
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                     object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        ray.shutdown()
+        if self._reaper.poll() is None:
+            self._reaper.communicate("done", timeout=10)
+
+
+def start_embedded(num_cpus: int, num_gpus: int | None = None) -> EmbeddedRay:
+    """Start an embedded Ray (EmbeddedRay); the caller stops it."""
+    return EmbeddedRay(num_cpus, num_gpus)
+
+
+def connect(cfg: RunConfig) -> EmbeddedRay | None:
+    """Join RAY_ADDRESS's cluster, or start an embedded Ray (returned, for the caller to stop)."""
     if ray.is_initialized():
-        return False
+        return None
     address = os.environ.get("RAY_ADDRESS")
     try:
         if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
             package = os.path.dirname(tp_runtime.__file__)
             ray.init(logging_level=logging.WARNING, runtime_env={"py_modules": [package]})
-        else:
-            start_embedded(cfg.parallel.tp, 0 if cfg.runtime.device == "cpu" else None)
+            return None
+        return start_embedded(cfg.parallel.tp, 0 if cfg.runtime.device == "cpu" else None)
     except (ConnectionError, RuntimeError, ValueError) as e:
         what = f"join the Ray cluster at RAY_ADDRESS={address}" if address else "start an embedded Ray"
         raise LaunchError(f"could not {what}: {type(e).__name__}: {e}") from None
-    return True
 
 
 # ---------------------------------------------------------------- placement
@@ -284,7 +343,7 @@ class RankGroup:
 def launch_ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple = ()) -> Any:
     """Run entry(cfg_dict, *args) on every rank as a Ray actor and return
     rank 0's result; LaunchError names a failed rank."""
-    started = connect(cfg)
+    embedded = connect(cfg)
     try:
         group = RankGroup(cfg)
         try:
@@ -293,5 +352,5 @@ def launch_ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple = ()) -> A
         finally:
             group.close()
     finally:
-        if started:
-            ray.shutdown()
+        if embedded is not None:
+            embedded.stop()
