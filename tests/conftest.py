@@ -167,7 +167,7 @@ def run_cli(args: list[str], timeout_s: float, env: dict[str, str] | None = None
 
 
 def watch_listeners(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
-                    period_s: float = 0.1) -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
+                    period_s: float = 0.25) -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
     """Run cmd in this checkout and collect every listening TCP socket that any process it starts
     holds while it runs, sampled every period_s: {(pid, name, address, port)}."""
     env = {**(env or child_env()), MARK: uuid.uuid4().hex}

@@ -64,7 +64,7 @@ def test_embedded_ray_names_a_stopped_rank_0_within_the_timeout() -> None:
 
 
 def test_embedded_ray_listens_on_loopback_only() -> None:
-    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.1 s.
+    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.25 s.
     r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=64"],
                               timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]

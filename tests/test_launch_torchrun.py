@@ -182,7 +182,7 @@ def test_torchrun_names_a_stopped_rank_within_the_timeout() -> None:
 
 def test_local_launcher_listens_on_loopback_only() -> None:
     # The launcher's store (this CLI process) and gloo's sockets in the ranks; 64 requests keep the
-    # run going for seconds while the sockets are sampled every 0.1 s.
+    # run going for seconds while the sockets are sampled every 0.25 s.
     r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "parallel.launcher=local",
                                "workload.requests=64"], timeout_s=120)
     assert r.returncode == 0, r.stderr[-3000:]

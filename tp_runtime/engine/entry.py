@@ -24,7 +24,7 @@ from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
 from tp_runtime.parallel.errors import RankLostError
 from tp_runtime.parallel.group import group_from_env, shutdown
-from tp_runtime.parallel.heartbeat import Heartbeat, kill, lost_message, on_this_machine
+from tp_runtime.parallel.heartbeat import Heartbeat, Silent, kill, lost_message, on_this_machine
 from tp_runtime.parallel.launcher import run_on_ranks
 from tp_runtime.paths import check_output_file
 
@@ -47,13 +47,7 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
         return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
     except Exception as e:
         if beat is not None and (lost := beat.silent_peers()):
-            here = on_this_machine(lost)
-            message = lost_message(lost, here, tp.rank, p.timeout_s)
-            # Said before the kill: a launcher may stop this rank as soon as it sees the killed one.
-            print(f"tp_runtime: rank {tp.rank}: {message}", file=sys.stderr, flush=True)
-            beat.record_lost(message)  # the local launcher reads it from its store
-            kill(here)
-            raise RankLostError(message) from e
+            raise _peers_lost(beat, lost, tp.rank, p.timeout_s) from e
         raise
     finally:
         if beat is not None:
@@ -62,6 +56,17 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
             worker.close()
         else:
             shutdown(tp)
+
+
+def _peers_lost(beat: Heartbeat, lost: list[Silent], rank: int, timeout_s: float) -> RankLostError:
+    """Name the silent peers (stderr, the launcher's store, the error) and end those on this machine."""
+    here = on_this_machine(lost)
+    message = lost_message(lost, here, rank, timeout_s)
+    # Said before the kill: a launcher may stop this rank as soon as it sees the killed one.
+    print(f"tp_runtime: rank {rank}: {message}", file=sys.stderr, flush=True)
+    beat.record_lost(message)  # the local launcher reads it from its store
+    kill(here)
+    return RankLostError(message)
 
 
 def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
