@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from tp_runtime.ops.triton_support import triton, triton_available
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the module imports, the kernel cannot run (the torch path does)
+    triton = tl = None
 
 BLOCK = 128  # the checkpoint's quantization block: rows and columns
 
@@ -45,7 +49,7 @@ def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, gro
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N]: group g's
     output columns [g*N, (g+1)*N) read x's columns [g*K, (g+1)*K) (wo_a of DSV4; groups = 1: a plain linear)."""
-    if x.is_cuda and triton_available():
+    if x.is_cuda and triton is not None:
         return fp8_linear_triton(x, qw, scale, groups)
     return fp8_linear_torch(x, qw, scale, groups)
 
@@ -86,7 +90,6 @@ def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, gr
 
 
 if triton is not None:
-    import triton.language as tl
 
     @triton.jit
     def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn,
