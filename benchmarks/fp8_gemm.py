@@ -1,12 +1,14 @@
-"""FP8 GEMM (ops/fp8_linear.py) against bf16 cuBLAS per weight shape: time and share of read bandwidth.
+"""The weight-GEMM kernel (ops/linear.py) against cuBLAS per weight shape: time and share of read bandwidth.
 
     python3 benchmarks/fp8_gemm.py [--model v4_flash] [--tp 1] [--out DIR]
 
 Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of the weight, enough copies
 to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
-median replay time (CUDA events, 20 replays after 3) / copies. Bytes: the FP8
-values + e8m0 scales (kernel) or the bf16 matrix (cuBLAS); share = bytes / time / read bandwidth, the
-read bandwidth measured here (sum over 1 GiB). Prints a table; writes fp8_gemm.json to --out.
+median replay time (CUDA events, 20 replays after 3) / copies. Variants: fp8 (the kernel, FP8 weights, its
+default split of K), fp8_nosplit (the same without splitting K), bf16_triton (the kernel on the bf16 matrix),
+bf16 (cuBLAS: torch.bmm over the groups, which for wo_a is what the einsum of the torch path runs after
+copying o's groups apart). Bytes: FP8 values + e8m0 scales, or the bf16 matrix; share = bytes / time /
+read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table; writes fp8_gemm.json.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.config import load_config
-from tp_runtime.ops.fp8_linear import dequantize, fp8_linear_triton
+from tp_runtime.ops.linear import _sm_count, dequantize, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,17 +72,25 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
 def bench_shape(n: int, k: int, groups: int, bw: float) -> list[dict]:
     copies = max(2, int(256e6 // (n * k)) + 1)  # > 4x the L2 in FP8 bytes
     qs = [quantize_fp8(torch.randn(n, k, device="cuda") / k ** 0.5) for _ in range(copies)]
-    bfs = [dequantize(q, s, torch.bfloat16).view(groups, n // groups, k) for q, s in qs]
+    bfs = [dequantize(q, s, torch.bfloat16) for q, s in qs]
     rows = []
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
         xg = x.view(m, groups, k).transpose(0, 1)  # [groups, m, k]: the bf16 side as one bmm
-        t8 = _graph_ms([lambda q=q, s=s: fp8_linear_triton(x, q, s, groups) for q, s in qs])
-        t16 = _graph_ms([lambda w=w: torch.bmm(xg, w.transpose(1, 2)) for w in bfs])
-        b8 = n * k + qs[0][1].numel()
-        rows.append({"N": n, "K": k, "M": m, "fp8_us": t8 * 1e3, "bf16_us": t16 * 1e3,
-                     "fp8_share": b8 / (t8 * 1e-3) / bw, "bf16_share": 2 * n * k / (t16 * 1e-3) / bw,
-                     "speedup": t16 / t8})
+        nosplit = tile_config(m, n, k, _sm_count(x.device))[:4] + (1,)
+        t = {"fp8": _graph_ms([lambda q=q, s=s, x=x: linear_triton(x, q, s, groups) for q, s in qs]),
+             "fp8_nosplit": _graph_ms([lambda q=q, s=s, x=x, c=nosplit: linear_triton(x, q, s, groups, c)
+                                       for q, s in qs]),
+             "bf16_triton": _graph_ms([lambda w=w, x=x: linear_triton(x, w, None, groups) for w in bfs]),
+             "bf16": _graph_ms([lambda w=w, xg=xg: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2))
+                                for w in bfs])}
+        nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
+        r = {"N": n, "K": k, "M": m, "splits": tile_config(m, n, k, _sm_count(x.device))[4]}
+        for v, ms in t.items():
+            r[f"{v}_us"] = ms * 1e3
+            r[f"{v}_share"] = nbytes[v.split("_")[0]] / (ms * 1e-3) / bw
+        r["speedup"] = t["bf16"] / t["fp8"]
+        rows.append(r)
     return rows
 
 
@@ -92,15 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     bw = read_bandwidth()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'fp8 us':>8s} {'share':>6s} {'bf16 us':>8s} "
-          f"{'share':>6s} {'x':>5s}")
+    variants = ("fp8", "fp8_nosplit", "bf16_triton", "bf16")
+    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'S':>3s} " + " ".join(f"{v + ' us':>15s} {'share':>5s}"
+                                                                          for v in variants) + f" {'x':>5s}")
     rows = []
     for name, (n, k, groups) in shapes(a.model, a.tp).items():
         for r in bench_shape(n, k, groups, bw):
             r["weight"] = name
             rows.append(r)
-            print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['fp8_us']:8.1f} {r['fp8_share']:6.0%} "
-                  f"{r['bf16_us']:8.1f} {r['bf16_share']:6.0%} {r['speedup']:5.2f}")
+            print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['splits']:3d} "
+                  + " ".join(f"{r[v + '_us']:15.1f} {r[v + '_share']:5.0%}" for v in variants)
+                  + f" {r['speedup']:5.2f}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rec = {"model": a.model, "tp": a.tp, "read_GBps": bw / 1e9, "device": torch.cuda.get_device_name(),

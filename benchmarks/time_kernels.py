@@ -101,8 +101,8 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
     rows.append(dict(kernel=name, variant="triton", config=cfg._asdict(),
                      ms=graph_time(lambda: sparse_attention_sink(*args(c_static), out, config=cfg))))
     if sweep:
-        for bh, bn, nw, ns in ((16, 32, 4, 1), (16, 32, 4, 2), (16, 64, 8, 2), (32, 32, 8, 2)):
-            for split_len in sorted({cfg.split_len, 256, W + c_static}):
+        for bh, bn, nw, ns in ((16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (16, 64, 8, 3)):
+            for split_len in sorted({cfg.split_len, 32, 64, 128, 256, W + c_static}):
                 if split_len % bn:
                     continue
                 c = AttnConfig(bh, bn, nw, ns, split_len)
@@ -147,7 +147,7 @@ def main() -> None:
     for batch in (1, 32):
         for ctx in (4096, 32768):
             for ratio in (4, 128):
-                rows += attention_point(batch, ctx, ratio, sweep and ctx == 4096 and ratio == 4)
+                rows += attention_point(batch, ctx, ratio, sweep and ctx == 4096)
             rows += indexer_point(batch, ctx)
             print(f"batch {batch} ctx {ctx} done", flush=True)
     for r in rows:

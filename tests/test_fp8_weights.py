@@ -2,7 +2,7 @@
 the stored layout (seeded and from a checkpoint), the torch path of the FP8 GEMM, roofline bytes.
 
 The FP8 GEMM's torch path dequantizes (exactly) and multiplies, so on the CPU an FP8 stack must compute
-bit for bit what a stack holding the dequantized values computes. The Triton kernel: tests/test_fp8_linear_gpu.py.
+bit for bit what a stack holding the dequantized values computes. The Triton kernel: tests/test_linear_gpu.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conftest import ROOT, TINY_PATH as TINY, run_cli
 from tp_runtime.bench.roofline import layer_weight_bytes, step_bytes
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.model.stack import AttentionStack
-from tp_runtime.ops.fp8_linear import dequantize, fp8_linear
+from tp_runtime.ops.linear import dequantize, fp8_linear
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.weights.checkpoint_read import load_checkpoint
 from tp_runtime.weights.checkpoint_write import stored_values, write_checkpoint

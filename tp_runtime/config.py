@@ -114,7 +114,7 @@ class RuntimeConfig:
     seed: int = 0  # seed of the drawn weights
     # bf16: every weight in the run dtype (FP8 checkpoint tensors dequantized on load). fp8: the released
     # FP8 tensors (wq_a, wkv, wq_b, wo_a, wo_b, indexer.wq_b) stay float8_e4m3fn with their 128 x 128
-    # block scales and run through the FP8 GEMM (ops/fp8_linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
+    # block scales and run through the FP8 GEMM (ops/linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
     weight_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
     # Stage-B kernels: torch (the plain path, the semantics, any device) | triton (fused kernels of
     # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,

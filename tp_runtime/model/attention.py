@@ -32,7 +32,7 @@ from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.model.rope import apply_rotary
 from tp_runtime.model.step_index import RingIndex
-from tp_runtime.ops.fp8_linear import fp8_linear
+from tp_runtime.ops.linear import fp8_linear, grouped_linear
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
 from tp_runtime.parallel.group import TPGroup
@@ -113,6 +113,7 @@ class DSV4Attention(nn.Module):
         self.indexer = Indexer(cfg, dtype, device, kernels, fp8) if ratio == 4 else None
         # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
         self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
+        self._wo_a = self._wo_a_grouped if fp8 or kernels == "triton" else self._wo_a_einsum
 
     # ------------------------------------------------------------ forward
 
@@ -174,14 +175,22 @@ class DSV4Attention(nn.Module):
         write_ring(cache.window, p.kv, b.ix.rings[self.W])
 
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
-        """o [T, Hl*D] -> per-group wo_a [T, Gl, Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
+        """o [T, Hl*D] -> per-group wo_a [T, Gl*Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
+        return self.wo_b(self._wo_a(o))
+
+    def _wo_a_grouped(self, o: torch.Tensor) -> torch.Tensor:
+        """One grouped GEMM: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's columns of group g (FP8 as
+        stored, or the Triton kernel in bf16: no copies of o's groups)."""
+        if self.wo_a.fp8:
+            return fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups)
+        return grouped_linear(o, self.wo_a.weight, self.n_local_groups)
+
+    def _wo_a_einsum(self, o: torch.Tensor) -> torch.Tensor:
+        """The torch path: o's groups [T, Gl, (H/G)*D] against wo_a [Gl, Ro, (H/G)*D]."""
         Gl = self.n_local_groups
-        if self.wo_a.fp8:  # one grouped FP8 GEMM: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's group g
-            return self.wo_b(fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=Gl))
-        og = o.view(o.shape[0], Gl, -1)  # [T, Gl, (H/G)*D]
-        wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)  # [Gl, Ro, (H/G)*D]
-        z = torch.einsum("tgd,grd->tgr", og, wo_a)
-        return self.wo_b(z.flatten(1))
+        og = o.view(o.shape[0], Gl, -1)
+        wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)
+        return torch.einsum("tgd,grd->tgr", og, wo_a).flatten(1)
 
     def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
         """C, the host bound on a token's compressed candidates: K picks (ratio 4), every entry a

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tp_runtime.ops.fp8_linear import fp8_linear
+from tp_runtime.ops.linear import fp8_linear
 from tp_runtime.parallel.group import TPGroup
 
 

@@ -197,14 +197,20 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
-    the SM count; a split holds at least 128 candidates, since each split writes Hl x D fp32 partials
-    (128 KB at 64 heads), more than 128 bf16 rows of 1 KB would cost to read."""
+    the SM count, down to 64 candidates a split: a program's fixed cost (its q tile, the index loads, the
+    partials) is what decode at small batch pays, so more, shorter programs win there. Few programs:
+    64-row tiles and 8 warps; many: 32-row tiles and 4 warps. Measured on an H200 at Flash dims
+    (benchmarks/time_kernels.py --sweep): batch 1 / 4K, ratio 4: 37 us -> 28 us; batch 32: 114 -> 83 us."""
     block_h = 16
-    block_n = 32 if head_dim >= 256 else 16
     base = n_tokens * triton.cdiv(n_heads, block_h)
-    splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 128), triton.cdiv(n_sm, base)))
+    few = base * 8 <= n_sm
+    block_n = (64 if few else 32) if head_dim >= 256 else 16
+    splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
     split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
-    return AttnConfig(block_h, block_n, 8 if head_dim >= 256 else 4, 2, split_len)
+    return AttnConfig(block_h, block_n, 8 if few and head_dim >= 256 else 4, 2, split_len)
+
+
+COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
 
 
 def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
@@ -253,5 +259,6 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _combine_kernel[(T, n_hb)](part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
-                                   D=D, DR=dr, BLOCK_H=cfg.block_h, BLOCK_D=block_d, num_warps=4)
+        _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](
+            part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
+            D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, num_warps=4)

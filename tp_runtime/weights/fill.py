@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.model.stack import AttentionStack
-from tp_runtime.ops.fp8_linear import dequantize
+from tp_runtime.ops.linear import dequantize
 from tp_runtime.weights.checkpoint_read import load_checkpoint
 from tp_runtime.weights.finite import FiniteCheck
 from tp_runtime.weights.fp8 import quantize_fp8

@@ -1,7 +1,8 @@
-"""The FP8 GEMM kernel (ops/fp8_linear.py) against dequantize-then-matmul on a GPU, at every FP8 weight
-shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in {1, 3, 16, 128, 512}; then `check` with FP8 weights.
+"""The weight-GEMM kernel (ops/linear.py) on a GPU: with FP8 weights against dequantize-then-matmul at every
+FP8 weight shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in {1, 3, 16, 128, 512} (M <= 16 splits K);
+grouped, in FP8 and bf16, against per-group matmuls; in a CUDA graph; then `check` with FP8 weights.
 
-Run on a GPU machine: `pytest -m gpu tests/test_fp8_linear_gpu.py`.
+Run on a GPU machine: `pytest -m gpu tests/test_linear_gpu.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
-from tp_runtime.ops.fp8_linear import dequantize, fp8_linear_triton
+from tp_runtime.ops.linear import dequantize, fp8_linear_triton, grouped_linear, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -88,3 +89,22 @@ def test_grouped_kernel_matches_per_group_matmuls(groups, n, k):
         y = fp8_linear_triton(x, q, s, groups)
         err = float((y.float() - ref.float()).norm() / ref.float().norm())
         assert err < TOL, (groups, m, err)
+
+
+@pytest.mark.parametrize("groups,n,k", [(8, 1024, 4096), (4, 1024, 4096), (16, 1024, 4096), (2, 32, 200)])
+def test_bf16_grouped_kernel_matches_per_group_matmuls(groups, n, k):
+    # wo_a in the run dtype: one launch reading o's groups in place; K = 200 is not a multiple of 128.
+    g = torch.Generator(device="cuda").manual_seed(groups + k)
+    w = (torch.randn(groups * n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
+    for m in MS:
+        x = torch.randn(m, groups * k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = torch.cat([x[:, i * k:(i + 1) * k] @ w[i * n:(i + 1) * n].T for i in range(groups)], dim=1)
+        y = grouped_linear(x, w, groups)
+        err = float((y.float() - ref.float()).norm() / ref.float().norm())
+        assert y.isfinite().all() and err < TOL, (groups, m, err)
+
+
+def test_decode_sizes_split_k():
+    # The split that decode relies on: wo_b at M = 1 runs in several K splits summed by the second kernel.
+    assert tile_config(1, 4096, 8192, torch.cuda.get_device_properties(0).multi_processor_count)[4] > 1
+    assert tile_config(128, 4096, 8192, 132)[4] == 1

@@ -1,0 +1,208 @@
+"""Weight GEMMs y = x @ W^T in Triton for decode and prefill: FP8 block-scaled weights as released, and the
+grouped bf16 GEMM of wo_a; the torch path beside them.
+
+    x      [M, K]   bf16 / fp16 / fp32 activations ([M, groups*K] for a grouped GEMM, as wo_a's)
+    W      [N, K]   run dtype, or qw float8_e4m3fn with
+    scale  [ceil(N/128), ceil(K/128)] uint8 e8m0 bytes v: the 128 x 128 block's scale is 2^(v - 127)
+    y      [M, N]   in x's dtype; grouped: output columns [g*N/groups, (g+1)*N/groups) read x's columns
+                    [g*K, (g+1)*K)
+
+`fp8_linear` and `grouped_linear` are the one place each path is chosen: the Triton kernel on a CUDA
+tensor when Triton imports (any M: tiles sized by M), the torch path elsewhere (dequantize, then plain
+matmuls: the semantics, and the CPU tests' path).
+
+The kernels: at M = 1 a GEMV (fp32 products, no tensor cores: a 16-row tl.dot tile would be 15/16 padding);
+else one program per [BLOCK_M, BLOCK_N] output tile and split of K. FP8 tiles [BLOCK_N, 128] are
+dequantized in registers (exact: an e4m3 value times a power of two fits bf16), one scale per row, since a
+tile's K range is one scale block; fp32 accumulation with tl.dot. At decode sizes (M <= 16) a matrix has
+too few column tiles to fill the GPU with long serial K loops, so K is split over programs that write
+fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the module imports, the kernels cannot run (the torch path does)
+    triton = tl = None
+
+BLOCK = 128  # the checkpoint's quantization block: rows and columns; also the kernel's K step
+
+
+def e8m0_scales(scale: torch.Tensor) -> torch.Tensor:
+    """uint8 e8m0 bytes -> float32 2^(v - 127), exactly (v = 0 is 2^-127)."""
+    bits = (scale.to(torch.int32) << 23).view(torch.float32)
+    return torch.where(scale == 0, 2.0 ** -127, bits)
+
+
+def dequantize(qw: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """qw [N, K] fp8, scale [ceil(N/128), ceil(K/128)] e8m0 -> W [N, K] in dtype (exact in bf16 and fp32)."""
+    n, k = qw.shape
+    s = e8m0_scales(scale).repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return (qw.to(torch.float32) * s).to(dtype)
+
+
+def grouped_linear_torch(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return torch.nn.functional.linear(x, w)
+    xs, ws = x.chunk(groups, dim=-1), w.chunk(groups, dim=0)
+    return torch.cat([torch.nn.functional.linear(a, b) for a, b in zip(xs, ws)], dim=-1)
+
+
+def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    return grouped_linear_torch(x, dequantize(qw, scale, x.dtype), groups)
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton is not None
+
+
+def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
+    linear; wo_a of DSV4: group g's output columns read x's columns of group g)."""
+    return fp8_linear_triton(x, qw, scale, groups) if _use_triton(x) else fp8_linear_torch(x, qw, scale, groups)
+
+
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    """The same with W [groups*N, K] in x's dtype: one launch where torch would copy x's groups apart."""
+    return linear_triton(x, w, None, groups) if _use_triton(x) else grouped_linear_torch(x, w, groups)
+
+
+def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    return linear_triton(x, qw, scale, groups)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def tile_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, splits of K) for an [m, n] output over k columns.
+
+    M = 1 (BLOCK_M 1): the GEMV kernel, 16 rows a program. Decode (m <= 16): one 16-row tile of tl.dot.
+    At both, K is split until there are ~8 programs per SM, each with at least `min_steps` of the
+    128-column steps (fewer would cost more in partials than the split gains). Prefill: square-ish tiles
+    and no split."""
+    if m > 64:
+        return 128, 128, 8, 3, 1
+    if m > 16:
+        return 64, 64, 4, 3, 1
+    bm, bn, min_steps = (1, 16, 2) if m == 1 else (16, 16 if n <= 8192 else 64, 4)
+    splits = max(1, min(triton.cdiv(8 * n_sm, triton.cdiv(n, bn)), triton.cdiv(k, BLOCK) // min_steps))
+    return bm, bn, 4, (3 if m == 1 else 4), splits
+
+
+def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
+                  config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """The kernel for W in FP8 with block scales (scale given) or in x's dtype (scale None); config: a
+    `tile_config` tuple to use instead of the default (benchmarks)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape[0], x2.shape[1] // groups
+    n = w.shape[0]
+    group_n = n // groups
+    fits = (x2.shape[1] == groups * k and w.shape[1] == k and w.stride(1) == 1 and n % groups == 0
+            and (groups == 1 or group_n % 16 == 0)
+            and (scale is None or scale.shape == (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK)))
+            and (scale is not None or w.dtype == x.dtype))
+    if not fits:
+        what = f"scale {tuple(scale.shape)}" if scale is not None else f"dtype {w.dtype} (x: {x.dtype})"
+        raise ValueError(f"linear: x {tuple(x.shape)}, weight {tuple(w.shape)}, {what}, groups {groups} do not "
+                         f"fit (FP8: one e8m0 scale per 128 x 128 block; bf16: the weight in x's dtype)")
+    bm, bn, warps, stages, splits = config or tile_config(m, n, k, _sm_count(x.device))
+    while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
+        bn //= 2
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    steps_per_split = triton.cdiv(triton.cdiv(k, BLOCK), splits)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    s = scale if scale is not None else w  # unused pointer when the weight has no scales
+    if bm == 1:  # M = 1: the GEMV kernel
+        _gemv_kernel[(triton.cdiv(n, bn), splits)](
+            x2, w, s, part, n, k, group_n, w.stride(0), s.stride(0), m * n, steps_per_split,
+            HAS_SCALE=scale is not None, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages)
+    else:
+        _linear_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), splits)](
+            x2, w, s, part, m, n, k, group_n, x2.stride(0), w.stride(0), s.stride(0), n, m * n, steps_per_split,
+            HAS_SCALE=scale is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps,
+            num_stages=stages)
+    if splits > 1:
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, splits, BLOCK_E=1024, num_warps=4)
+    return y.view(*lead, n)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn, stride_ym,
+                       stride_ys, STEPS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+        # One program: output tile [BLOCK_M, BLOCK_N] over K steps [split*STEPS, (split+1)*STEPS) of 128
+        # columns; its output is y itself (one split) or split's fp32 partial plane y + split * stride_ys.
+        # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
+        pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok, n_ok = rm < M, rn < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
+        for kb in range(split * STEPS, kb_end):
+            k0 = kb * BLOCK_K
+            k_ok = (k0 + rk) < K
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            if HAS_SCALE:
+                v = tl.load(s_ptr + (rn // BLOCK_K) * stride_sn + kb, mask=n_ok, other=127)
+                s = tl.exp2(v.to(tl.float32) - 127.0)  # [BLOCK_N] the rows' block scales, exact powers of two
+                w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
+            acc += tl.dot(x, tl.trans(w))
+        y = acc.to(y_ptr.dtype.element_ty)
+        y_ptr += split * stride_ys
+        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn, stride_ys, STEPS,
+                     HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of 128 columns, without
+        # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, 128]
+        # tile, reduced once at the end; FP8 values times their row's block scale, in fp32.
+        pid_n, split = tl.program_id(0), tl.program_id(1)
+        x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        n_ok = rn < N
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
+        for kb in range(split * STEPS, kb_end):
+            kk = kb * BLOCK_K + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
+            if HAS_SCALE:
+                v = tl.load(s_ptr + (rn // BLOCK_K) * stride_sn + kb, mask=n_ok, other=127)
+                w = w * tl.exp2(v.to(tl.float32) - 127.0)[:, None]
+            acc += w * x[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+    @triton.jit
+    def _sum_splits_kernel(part_ptr, y_ptr, E, SPLITS, BLOCK_E: tl.constexpr):
+        # y [E] = sum over s of part[s, E] (fp32, in split order), cast to y's dtype.
+        e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+        ok = e < E
+        acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+        for s in range(SPLITS):
+            acc += tl.load(part_ptr + s * E + e, mask=ok, other=0.0)
+        tl.store(y_ptr + e, acc.to(y_ptr.dtype.element_ty), mask=ok)
