@@ -33,6 +33,7 @@ from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSN
 from tp_runtime.model.rope import apply_rotary
 from tp_runtime.model.step_index import RingIndex
 from tp_runtime.ops.linear import fp8_linear, grouped_linear
+from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
 from tp_runtime.parallel.group import TPGroup
@@ -102,8 +103,8 @@ class DSV4Attention(nn.Module):
         self.x_names = [n for _, _, rows in x_gemms(cfg, ratio, fp8) for n, _ in rows]
         for name, is_fp8, rows in x_gemms(cfg, ratio, fp8):
             self.add_module(name, ReplicatedLinear(cfg.hidden_size, sum(w for _, w in rows), dtype, device, is_fp8))
-        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device)
-        self.kv_norm = RMSNorm(D, self.eps, dtype, device)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device, kernels)
+        self.kv_norm = RMSNorm(D, self.eps, dtype, device, kernels)
         self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device, fp8)  # by heads
         self.attn_sink = nn.Parameter(torch.empty(self.n_local_heads, dtype=torch.float32, device=device),
                                       requires_grad=False)
@@ -114,6 +115,8 @@ class DSV4Attention(nn.Module):
         # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
         self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
         self._wo_a = self._wo_a_grouped if fp8 or kernels == "triton" else self._wo_a_einsum
+        # q norm + rotary, kv and indexer-query rotary: the torch composition or one launch (ops/rope.py).
+        self._heads = heads_triton if kernels == "triton" else heads_torch
 
     # ------------------------------------------------------------ forward
 
@@ -149,13 +152,11 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
         graph may capture it. Emits compressed entries and indexer keys into the caches."""
-        cis = b.ix.cis[self.rope_kind]
-        q = self.wq_b(a.qr).view(len(a.qr), self.n_local_heads, self.D)
-        q = apply_rotary(rms_norm(q, None, self.eps), cis)
-        kv = apply_rotary(a.kv, cis).to(cache.window.dtype)
+        q, kv, idx_q = self._heads(self, a.qr, a.kv, b.ix.cis[self.rope_kind], cache.window.dtype)
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
-        idx_q = self.indexer.prepare(a.qr, a.idx_kv, a.idx_score, b, cache) if self.indexer else None
+        if self.indexer is not None:
+            self.indexer.prepare(a.idx_kv, a.idx_score, b, cache)
         return Prepared(q, kv, idx_q, a.idx_w)
 
     def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
@@ -171,7 +172,8 @@ class DSV4Attention(nn.Module):
         out[n:].zero_()
 
     def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
-        """Step 6's ring write, after attention: the gathers read the ring's older rows."""
+        """Step 6's ring write, after attention: the gathers read the ring's older rows. p.kv is
+        already in the ring's dtype, so this is one indexed store, no cast copy."""
         write_ring(cache.window, p.kv, b.ix.rings[self.W])
 
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
@@ -198,6 +200,32 @@ class DSV4Attention(nn.Module):
         if picks is not None:
             return picks.shape[1]
         return (b.max_pos + 1) // self.ratio if self.ratio else 0
+
+
+# ---------------------------------------------------------------- query and key heads of stage B
+
+
+def heads_torch(layer: DSV4Attention, qr: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor,
+                kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Steps 4-5 and the indexer query on the torch path: qr [T, Rq] (after q_norm), kv [T, D] (after
+    kv_norm), cis [T, Dr/2] -> q [T, Hl, D] per-head normed and roped, kv [T, D] roped in kv_dtype (the
+    window cache's), idx_q [T, Ih, Id] roped (ratio 4; the layer's cis is cis["compressed"]) or None."""
+    q = layer.wq_b(qr).view(len(qr), layer.n_local_heads, layer.D)
+    q = apply_rotary(rms_norm(q, None, layer.eps), cis)
+    kv = apply_rotary(kv, cis).to(kv_dtype)
+    idx_q = apply_rotary(layer.indexer.query(qr), cis) if layer.indexer is not None else None
+    return q, kv, idx_q
+
+
+def heads_triton(layer: DSV4Attention, qr: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor,
+                 kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """heads_torch's results in one launch after the two projections: q and idx_q are rotated in their
+    projections' buffers, kv into a new buffer of the cache's dtype."""
+    q = layer.wq_b(qr).view(len(qr), layer.n_local_heads, layer.D)
+    idx_q = layer.indexer.query(qr) if layer.indexer is not None else None
+    kv_out = torch.empty(kv.shape, dtype=kv_dtype, device=kv.device)
+    prepare_heads(q, kv, kv_out, cis, layer.eps, idx_q)
+    return q, kv_out, idx_q
 
 
 # ---------------------------------------------------------------- the attention of stage B, torch path

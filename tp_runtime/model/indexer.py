@@ -1,8 +1,9 @@
 """Lightning indexer of ratio-4 (CSA) layers: picks the top-K compressed entries each token attends to.
 
 Replicated on every rank (no collective). Stage A (the head weights and its own ratio-4 compressor's
-inputs, projected from x) is part of the layer's fused x GEMM (attention.x_projections); stage B builds
-the indexer query from qr, lets the compressor emit keys, scores every valid entry and selects the top K.
+inputs, projected from x) is part of the layer's fused x GEMM (attention.x_projections); stage B projects
+the indexer query from qr (the layer rotates it together with its own q and kv, at the same angles),
+lets the compressor emit keys, scores every valid entry and selects the top K.
 The reference's Hadamard rotation and FP4 simulation cancel or vanish in exact arithmetic and are skipped
 (spec section 3, step 8).
 """
@@ -17,7 +18,6 @@ from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.layers import ReplicatedLinear
-from tp_runtime.model.rope import apply_rotary
 from tp_runtime.ops.indexer_topk import indexer_topk as triton_indexer_topk
 from tp_runtime.ops.torch_path import indexer_topk
 
@@ -32,12 +32,14 @@ class Indexer(nn.Module):
         # Scores and top-K (ops/select.py): torch_path's or the Triton kernels'; same signature and meaning.
         self._topk = triton_indexer_topk if kernels == "triton" else indexer_topk
 
-    def prepare(self, qr: torch.Tensor, kv: torch.Tensor, score: torch.Tensor, b: StepBatch,
-                cache: LayerCache) -> torch.Tensor:
-        """Stage B, device metadata only: emit this step's keys; return the roped query [T, Ih, Id]."""
+    def query(self, qr: torch.Tensor) -> torch.Tensor:
+        """Stage B: the query before rotary, qr [T, Rq] -> [T, Ih, Id] (a fresh buffer; the layer's
+        prepare rotates it by cis["compressed"], in place on the triton path)."""
+        return self.wq_b(qr).view(len(qr), self.n_heads, self.head_dim)
+
+    def prepare(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, cache: LayerCache) -> None:
+        """Stage B, device metadata only: emit this step's keys into cache.index_keys."""
         self.compressor(kv, score, b, cache.index_state, cache.index_keys)
-        q = self.wq_b(qr).view(len(qr), self.n_heads, self.head_dim)
-        return apply_rotary(q, b.ix.cis["compressed"])
 
     def select(self, q: torch.Tensor, w: torch.Tensor, b: StepBatch, cache: LayerCache) -> torch.Tensor:
         """Stage B, host metadata: the chosen entries [n, min(K, N)] of the n real tokens, -1 where none."""

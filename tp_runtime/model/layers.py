@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tp_runtime.ops.linear import fp8_linear
+from tp_runtime.ops.rms_norm import rms_norm as triton_rms_norm
 from tp_runtime.parallel.group import TPGroup
 
 
@@ -24,13 +25,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device):
+    """kernels: 'torch' (rms_norm above, any shape) or 'triton' (ops/rms_norm.py: x [T, C] with the last
+    dim contiguous, one launch, the same rounding)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device, kernels: str = "torch"):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype, device=device), requires_grad=False)
+        self._norm = triton_rms_norm if kernels == "triton" else rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self._norm(x, self.weight, self.eps)
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:

@@ -24,7 +24,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
                  kernels: str, fp8: bool):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, kernels)
         self.attn = DSV4Attention(cfg, ratio, tp, dtype, device, kernels, fp8)
 
 

@@ -1,0 +1,125 @@
+"""Norm and rotary of a layer's query and key heads in one launch (Triton): q, the window kv row, the indexer query.
+
+For each token t, with cis[t] [Dr/2] turning pair (x[2i], x[2i+1]) of the last Dr dims (GPT-J pairs):
+
+    q[t, h]     <- rotary(rms_norm(q[t, h], None, eps))   every local head h of D dims, in place
+    kv_out[t]   <- rotary(kv[t])                           the layer's one kv row, into the cache's dtype
+    idx_q[t, h] <- rotary(idx_q[t, h])                     the indexer's Ih heads of Id dims, in place (r = 4)
+
+This is `DSV4Attention.prepare`'s torch composition, `apply_rotary(rms_norm(q, None, eps), cis)`,
+`apply_rotary(kv, cis).to(cache dtype)` and `apply_rotary(idx_q, cis)`, with the same rounding points:
+the norm in fp32 rounded to q's dtype, the rotation in fp32 from that rounded value, one cast to the
+input's dtype (then, for kv, to the cache's dtype). Pairs outside the last Dr dims pass unchanged.
+
+Grid (T, programs per token): blocks of q heads, then the kv row, then blocks of indexer heads; each
+program holds one [heads, D] tile in registers. Sizes are constexprs of the layer and T: capturable in
+a CUDA graph, no host reads, a fixed configuration (no autotuning).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the module imports, its kernels cannot run
+    triton = tl = None
+
+
+def _jit(fn):
+    return triton.jit(fn) if triton is not None else fn
+
+
+TILE = 2048  # elements of one program's tile: 4 heads of 512 dims, 16 indexer heads of 128
+
+
+@_jit
+def _rotate(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
+    """x [BLOCK_H, BLOCK_D] fp32 -> pairs (2i, 2i+1) of dims [D - DR, D) turned by cis[i], the rest as is.
+    cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32."""
+    ev, od = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D // 2, 2)))  # [BLOCK_H, BLOCK_D/2] each
+    pair = tl.arange(0, BLOCK_D // 2)
+    k = pair - (D - DR) // 2
+    rope = (k >= 0) & (pair < D // 2)
+    k = tl.where(rope, k, 0)
+    c = tl.load(cis_row + 2 * k, mask=rope, other=1.0)[None, :]
+    s = tl.load(cis_row + 2 * k + 1, mask=rope, other=0.0)[None, :]
+    # (a + ib)(c + is) = (ac - bs) + i(as + bc); pairs outside the rotary dims keep their exact values
+    re = tl.where(rope[None, :], ev * c - od * s, ev)
+    im = tl.where(rope[None, :], ev * s + od * c, od)
+    return tl.reshape(tl.join(re, im), (BLOCK_H, BLOCK_D))
+
+
+@_jit
+def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.constexpr,
+           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
+    """Heads h0 .. h0 + BLOCK_H - 1 (< n_heads) of one token: rows of D at in_ptr + h * s_in, written
+    at out_ptr + h * s_out rounded to the input's dtype, then to the output's."""
+    h = h0 + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    m = (h < n_heads)[:, None] & (d < D)[None, :]
+    x = tl.load(in_ptr + h[:, None] * s_in + d[None, :], mask=m, other=0.0)  # [BLOCK_H, BLOCK_D]
+    xf = x.to(tl.float32)
+    if NORM:  # per-head RMSNorm without weight, rounded to x's dtype as rms_norm returns it
+        xf = (xf * tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]).to(x.dtype).to(tl.float32)
+    y = _rotate(xf, cis_row, BLOCK_H, BLOCK_D, D, DR)
+    tl.store(out_ptr + h[:, None] * s_out + d[None, :], y.to(x.dtype).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@_jit
+def _prepare_heads_kernel(
+    q_ptr, sq_t, sq_h,  # q [T, HQ, D], last dim contiguous: normed and roped in place
+    kv_ptr, skv_t, kvo_ptr, skvo_t,  # kv [T, D] -> kv_out [T, D] (the window cache's dtype)
+    iq_ptr, siq_t, siq_h,  # indexer query [T, IH, ID]: roped in place (HAS_IDX)
+    cis_ptr, s_cis,  # [T, DR/2, 2] fp32
+    eps,
+    HQ: tl.constexpr, D: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr, DR: tl.constexpr,
+    NQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
+    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)  # [0, NQ): q head blocks; NQ: the kv row; past NQ: indexer head blocks
+    cis_row = cis_ptr + t * s_cis
+    if p < NQ:
+        q_row = q_ptr + t * sq_t
+        _heads(q_row, sq_h, q_row, sq_h, p * BLOCK_H, HQ, cis_row, eps, True, BLOCK_H, BLOCK_D, D, DR)
+    elif p == NQ:
+        _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR)
+    elif HAS_IDX:
+        iq_row = iq_ptr + t * siq_t
+        _heads(iq_row, siq_h, iq_row, siq_h, (p - NQ - 1) * BLOCK_I, IH, cis_row, eps, False, BLOCK_I, BLOCK_ID,
+               ID, DR)
+
+
+def _block_heads(n_heads: int, block_d: int) -> int:
+    """Heads per program: a TILE-element tile, no more heads than the layer has (powers of two)."""
+    return max(1, min(TILE // block_d, triton.next_power_of_2(n_heads)))
+
+
+def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: torch.Tensor, eps: float,
+                  idx_q: torch.Tensor | None = None) -> None:
+    """One launch: q [T, Hl, D] per-head normed (no weight) and roped in place; kv [T, D] roped into
+    kv_out [T, D] (its own dtype, e.g. the window cache's); idx_q [T, Ih, Id] or None roped in place.
+    Every rotation turns the last Dr dims by cis [T, Dr/2] complex64. Last dims contiguous; q and
+    idx_q are the caller's own buffers (the projections' outputs), since they are overwritten."""
+    T, HQ, D = q.shape
+    if T == 0:
+        return
+    dr = 2 * cis.shape[-1]
+    cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
+    assert q.stride(2) == 1 and kv.stride(1) == 1 and kv_out.stride(1) == 1 and kv.shape == kv_out.shape == (T, D)
+    assert cis_r.stride(1) == 2 and cis_r.stride(2) == 1 and len(cis) == T
+    has_idx = idx_q is not None
+    iq = idx_q if has_idx else q
+    assert iq.shape[0] == T and iq.stride(2) == 1 and dr <= min(D, iq.shape[2])
+    IH, ID = iq.shape[1:]
+    block_d, block_id = triton.next_power_of_2(D), triton.next_power_of_2(ID)
+    block_h, block_i = _block_heads(HQ, block_d), _block_heads(IH, block_id)
+    nq = triton.cdiv(HQ, block_h)
+    grid = (T, nq + 1 + (triton.cdiv(IH, block_i) if has_idx else 0))
+    _prepare_heads_kernel[grid](
+        q, q.stride(0), q.stride(1), kv, kv.stride(0), kv_out, kv_out.stride(0), iq, iq.stride(0), iq.stride(1),
+        cis_r, cis_r.stride(0), eps,
+        HQ=HQ, D=D, IH=IH, ID=ID, DR=dr, NQ=nq, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_I=block_i,
+        BLOCK_ID=block_id, HAS_IDX=has_idx, num_warps=4)
