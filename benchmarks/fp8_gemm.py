@@ -5,9 +5,9 @@
 Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of the weight, enough copies
 to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
 median replay time (CUDA events, 20 replays after 3) / copies. Variants: fp8 (the kernel, FP8 weights, its
-default split of K), fp8_nosplit (the same without splitting K), bf16_triton (the kernel on the bf16 matrix),
-bf16 (cuBLAS: torch.bmm over the groups, which for wo_a is what the einsum of the torch path runs after
-copying o's groups apart). Bytes: FP8 values + e8m0 scales, or the bf16 matrix; share = bytes / time /
+default configuration), bf16_triton (the kernel on the bf16 matrix), bf16 (cuBLAS: torch.bmm over the groups
+given contiguous), and for wo_a bf16_bmm_strided (one bmm over strided views of x and the output) and
+bf16_einsum (the torch path's einsum). --sweep also times GEMV configurations at M = 1. Bytes: FP8 values + e8m0 scales, or the bf16 matrix; share = bytes / time /
 read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table; writes fp8_gemm.json.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import _sm_count, dequantize, linear_triton, tile_config
+from tp_runtime.ops.linear import LinearConfig, _sm_count, dequantize, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,27 +69,57 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
             "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
 
 
-def bench_shape(n: int, k: int, groups: int, bw: float) -> list[dict]:
+def _wo_a_bmm(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    """The grouped GEMM as one cuBLAS bmm over strided views of x and of the output (no copies of x)."""
+    m, n = x.shape[0], w.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    torch.bmm(x.view(m, groups, -1).transpose(0, 1), w.view(groups, n // groups, -1).transpose(1, 2),
+              out=y.view(m, groups, n // groups).transpose(0, 1))
+    return y
+
+
+def _einsum(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    m, n = x.shape[0], w.shape[0]
+    return torch.einsum("tgd,grd->tgr", x.view(m, groups, -1), w.view(groups, n // groups, -1)).flatten(1)
+
+
+def gemv_configs(n: int, k: int, n_sm: int) -> list[LinearConfig]:
+    """M = 1 configurations swept: rows per program, K step, warps; K split by tile_config's rule."""
+    out = []
+    for bn in (8, 16, 32):
+        for bk in (128, 512):
+            for warps in (4, 8):
+                splits = max(1, min(-(-8 * n_sm // -(-n // bn)), -(-k // bk) // 2))
+                out.append(LinearConfig(1, bn, bk, warps, 3, splits))
+    return out
+
+
+def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dict]:
     copies = max(2, int(256e6 // (n * k)) + 1)  # > 4x the L2 in FP8 bytes
     qs = [quantize_fp8(torch.randn(n, k, device="cuda") / k ** 0.5) for _ in range(copies)]
     bfs = [dequantize(q, s, torch.bfloat16) for q, s in qs]
+    n_sm = _sm_count(torch.device("cuda"))
     rows = []
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
         xg = x.view(m, groups, k).transpose(0, 1)  # [groups, m, k]: the bf16 side as one bmm
-        nosplit = tile_config(m, n, k, _sm_count(x.device))[:4] + (1,)
         t = {"fp8": _graph_ms([lambda q=q, s=s, x=x: linear_triton(x, q, s, groups) for q, s in qs]),
-             "fp8_nosplit": _graph_ms([lambda q=q, s=s, x=x, c=nosplit: linear_triton(x, q, s, groups, c)
-                                       for q, s in qs]),
              "bf16_triton": _graph_ms([lambda w=w, x=x: linear_triton(x, w, None, groups) for w in bfs]),
              "bf16": _graph_ms([lambda w=w, xg=xg: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2))
                                 for w in bfs])}
+        if groups > 1:
+            t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: _wo_a_bmm(x, w, groups) for w in bfs])
+            t["bf16_einsum"] = _graph_ms([lambda w=w, x=x: _einsum(x, w, groups) for w in bfs])
         nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
-        r = {"N": n, "K": k, "M": m, "splits": tile_config(m, n, k, _sm_count(x.device))[4]}
+        r = {"N": n, "K": k, "M": m, "splits": tile_config(m, n, k, n_sm).splits}
         for v, ms in t.items():
             r[f"{v}_us"] = ms * 1e3
             r[f"{v}_share"] = nbytes[v.split("_")[0]] / (ms * 1e-3) / bw
         r["speedup"] = t["bf16"] / t["fp8"]
+        if sweep and m == 1:
+            r["sweep"] = [dict(c._asdict(), fp8_us=1e3 * _graph_ms([lambda q=q, s=s, x=x, c=c: linear_triton(
+                x, q, s, groups, c) for q, s in qs]), bf16_us=1e3 * _graph_ms([lambda w=w, x=x, c=c: linear_triton(
+                    x, w, None, groups, c) for w in bfs])) for c in gemv_configs(n, k, n_sm)]
         rows.append(r)
     return rows
 
@@ -99,20 +129,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="v4_flash")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--out", default="out/fp8_gemm")
+    p.add_argument("--sweep", action="store_true", help="also time GEMV configurations at M = 1")
     a = p.parse_args(argv)
     bw = read_bandwidth()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
-    variants = ("fp8", "fp8_nosplit", "bf16_triton", "bf16")
+    variants = ("fp8", "bf16_triton", "bf16")
     print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'S':>3s} " + " ".join(f"{v + ' us':>15s} {'share':>5s}"
                                                                           for v in variants) + f" {'x':>5s}")
     rows = []
     for name, (n, k, groups) in shapes(a.model, a.tp).items():
-        for r in bench_shape(n, k, groups, bw):
+        for r in bench_shape(n, k, groups, bw, a.sweep):
             r["weight"] = name
             rows.append(r)
             print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['splits']:3d} "
                   + " ".join(f"{r[v + '_us']:15.1f} {r[v + '_share']:5.0%}" for v in variants)
-                  + f" {r['speedup']:5.2f}")
+                  + f" {r['speedup']:5.2f}"
+                  + "".join(f" {v}={r[v + '_us']:.1f}" for v in ("bf16_bmm_strided", "bf16_einsum") if v + "_us" in r))
+            for c in r.get("sweep", []):
+                print(f"    gemv bn={c['block_n']:3d} bk={c['block_k']:4d} warps={c['num_warps']} splits={c['splits']:3d}: "
+                      f"fp8 {c['fp8_us']:6.1f} us, bf16 {c['bf16_us']:6.1f} us")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rec = {"model": a.model, "tp": a.tp, "read_GBps": bw / 1e9, "device": torch.cuda.get_device_name(),

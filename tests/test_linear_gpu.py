@@ -12,7 +12,7 @@ import torch
 
 from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import dequantize, fp8_linear_triton, grouped_linear, tile_config
+from tp_runtime.ops.linear import LinearConfig, dequantize, fp8_linear_triton, grouped_linear, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -106,5 +106,20 @@ def test_bf16_grouped_kernel_matches_per_group_matmuls(groups, n, k):
 
 def test_decode_sizes_split_k():
     # The split that decode relies on: wo_b at M = 1 runs in several K splits summed by the second kernel.
-    assert tile_config(1, 4096, 8192, torch.cuda.get_device_properties(0).multi_processor_count)[4] > 1
-    assert tile_config(128, 4096, 8192, 132)[4] == 1
+    assert tile_config(1, 4096, 8192, torch.cuda.get_device_properties(0).multi_processor_count).splits > 1
+    assert tile_config(128, 4096, 8192, 132).splits == 1
+
+
+@pytest.mark.parametrize("n,k", [(1536, 4096), (4096, 8192), (200, 1000)])
+def test_gemv_configs_with_several_scale_blocks_a_step(n, k):
+    # GEMV steps of 512 columns span four scale blocks; k = 1000 ends inside one; splits that leave a split
+    # with fewer steps than others. Against dequantize-then-matmul, FP8 and bf16.
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    q, s = quantize_fp8(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5)
+    w = dequantize(q, s, torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
+    ref = (x.float() @ w.float().T)
+    for c in (LinearConfig(1, 8, 512, 4, 3, 3), LinearConfig(1, 32, 128, 8, 3, 1), LinearConfig(1, 16, 512, 8, 3, 1)):
+        for y in (linear_triton(x, q, s, 1, c), linear_triton(x, w, None, 1, c)):
+            err = float((y.float() - ref).norm() / ref.norm())
+            assert y.isfinite().all() and err < TOL, (c, err)

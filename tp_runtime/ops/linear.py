@@ -22,6 +22,7 @@ fp32 partials [S, M, N], and a second kernel sums them in a fixed order (determi
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -82,59 +83,77 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def tile_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, splits of K) for an [m, n] output over k columns.
+class LinearConfig(NamedTuple):
+    """Launch configuration of the weight-GEMM kernels (fixed per shape; see `tile_config`)."""
 
-    M = 1 (BLOCK_M 1): the GEMV kernel, 16 rows a program. Decode (m <= 16): one 16-row tile of tl.dot.
-    At both, K is split until there are ~8 programs per SM, each with at least `min_steps` of the
-    128-column steps (fewer would cost more in partials than the split gains). Prefill: square-ish tiles
-    and no split."""
+    block_m: int  # 1: the GEMV kernel (M = 1)
+    block_n: int
+    block_k: int  # a multiple of the 128-column scale block
+    num_warps: int
+    num_stages: int
+    splits: int  # programs over K; > 1: fp32 partials summed by a second kernel
+
+
+def tile_config(m: int, n: int, k: int, n_sm: int) -> LinearConfig:
+    """The configuration for an [m, n] output over k columns.
+
+    M = 1: the GEMV kernel, 16 rows a program. Decode (m <= 16): one 16-row tile of tl.dot. At both, K is
+    split until there are ~8 programs per SM, each with at least `min_steps` K steps (fewer would cost
+    more in partials than the split gains). Prefill: square-ish tiles and no split."""
     if m > 64:
-        return 128, 128, 8, 3, 1
+        return LinearConfig(128, 128, BLOCK, 8, 3, 1)
     if m > 16:
-        return 64, 64, 4, 3, 1
+        return LinearConfig(64, 64, BLOCK, 4, 3, 1)
     bm, bn, min_steps = (1, 16, 2) if m == 1 else (16, 16 if n <= 8192 else 64, 4)
     splits = max(1, min(triton.cdiv(8 * n_sm, triton.cdiv(n, bn)), triton.cdiv(k, BLOCK) // min_steps))
-    return bm, bn, 4, (3 if m == 1 else 4), splits
+    return LinearConfig(bm, bn, BLOCK, 4, 3 if m == 1 else 4, splits)
 
 
-def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
-                  config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """The kernel for W in FP8 with block scales (scale given) or in x's dtype (scale None); config: a
-    `tile_config` tuple to use instead of the default (benchmarks)."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m, k = x2.shape[0], x2.shape[1] // groups
+def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int, x: torch.Tensor) -> None:
+    k = x2.shape[1] // groups
     n = w.shape[0]
-    group_n = n // groups
     fits = (x2.shape[1] == groups * k and w.shape[1] == k and w.stride(1) == 1 and n % groups == 0
-            and (groups == 1 or group_n % 16 == 0)
+            and (groups == 1 or (n // groups) % 16 == 0)
             and (scale is None or scale.shape == (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK)))
             and (scale is not None or w.dtype == x.dtype))
     if not fits:
         what = f"scale {tuple(scale.shape)}" if scale is not None else f"dtype {w.dtype} (x: {x.dtype})"
         raise ValueError(f"linear: x {tuple(x.shape)}, weight {tuple(w.shape)}, {what}, groups {groups} do not "
                          f"fit (FP8: one e8m0 scale per 128 x 128 block; bf16: the weight in x's dtype)")
-    bm, bn, warps, stages, splits = config or tile_config(m, n, k, _sm_count(x.device))
+
+
+def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
+                  config: LinearConfig | None = None) -> torch.Tensor:
+    """The kernel for W in FP8 with block scales (scale given) or in x's dtype (scale None); config: one
+    to use instead of `tile_config`'s (benchmarks)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    _check_fits(x2, w, scale, groups, x)
+    m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
+    group_n = n // groups
+    c = config or tile_config(m, n, k, _sm_count(x.device))
+    bn = c.block_n
     while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
         bn //= 2
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    steps_per_split = triton.cdiv(triton.cdiv(k, BLOCK), splits)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    steps_per_split = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
+    part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     s = scale if scale is not None else w  # unused pointer when the weight has no scales
-    if bm == 1:  # M = 1: the GEMV kernel
-        _gemv_kernel[(triton.cdiv(n, bn), splits)](
+    if c.block_m == 1:  # M = 1: the GEMV kernel
+        _gemv_kernel[(triton.cdiv(n, bn), c.splits)](
             x2, w, s, part, n, k, group_n, w.stride(0), s.stride(0), m * n, steps_per_split,
-            HAS_SCALE=scale is not None, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages)
+            HAS_SCALE=scale is not None, BLOCK_N=bn, BLOCK_K=c.block_k, num_warps=c.num_warps,
+            num_stages=c.num_stages)
     else:
-        _linear_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), splits)](
+        _linear_kernel[(triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)](
             x2, w, s, part, m, n, k, group_n, x2.stride(0), w.stride(0), s.stride(0), n, m * n, steps_per_split,
-            HAS_SCALE=scale is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps,
-            num_stages=stages)
-    if splits > 1:
-        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, splits, BLOCK_E=1024, num_warps=4)
+            HAS_SCALE=scale is not None, BLOCK_M=c.block_m, BLOCK_N=bn, BLOCK_K=BLOCK,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=c.num_warps,
+            num_stages=c.num_stages)
+    if c.splits > 1:
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, c.splits, BLOCK_E=1024, num_warps=4)
     return y.view(*lead, n)
 
 
@@ -143,7 +162,7 @@ if triton is not None:
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn, stride_ym,
                        stride_ys, STEPS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         # One program: output tile [BLOCK_M, BLOCK_N] over K steps [split*STEPS, (split+1)*STEPS) of 128
         # columns; its output is y itself (one split) or split's fp32 partial plane y + split * stride_ys.
         # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
@@ -166,7 +185,7 @@ if triton is not None:
                 v = tl.load(s_ptr + (rn // BLOCK_K) * stride_sn + kb, mask=n_ok, other=127)
                 s = tl.exp2(v.to(tl.float32) - 127.0)  # [BLOCK_N] the rows' block scales, exact powers of two
                 w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w))
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
         y = acc.to(y_ptr.dtype.element_ty)
         y_ptr += split * stride_ys
         tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
@@ -174,8 +193,8 @@ if triton is not None:
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn, stride_ys, STEPS,
                      HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of 128 columns, without
-        # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, 128]
+        # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
+        # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
         # tile, reduced once at the end; FP8 values times their row's block scale, in fp32.
         pid_n, split = tl.program_id(0), tl.program_id(1)
         x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
@@ -190,9 +209,10 @@ if triton is not None:
             x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                         other=0.0).to(tl.float32)
-            if HAS_SCALE:
-                v = tl.load(s_ptr + (rn // BLOCK_K) * stride_sn + kb, mask=n_ok, other=127)
-                w = w * tl.exp2(v.to(tl.float32) - 127.0)[:, None]
+            if HAS_SCALE:  # the scale of each element's 128 x 128 block (BLOCK_K may span several)
+                v = tl.load(s_ptr + (rn // 128)[:, None] * stride_sn + (kk // 128)[None, :],
+                            mask=n_ok[:, None] & k_ok[None, :], other=127)
+                w = w * tl.exp2(v.to(tl.float32) - 127.0)
             acc += w * x[None, :]
         y = tl.sum(acc, axis=1)
         tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
