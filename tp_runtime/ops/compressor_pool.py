@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is im
     from tp_runtime.model.cache import RingState
     from tp_runtime.model.step_index import BlockIndex, RingIndex
 
-TILE = 4096  # elements of one [BLOCK_R, BLOCK_D] tile of rows: 32 fp32 per thread at 4 warps
+TILE = 4096  # elements of one [BLOCK_R, BLOCK_D] tile of rows: 16 fp32 per thread at 8 warps
 
 
 def _jit(fn):
@@ -167,9 +167,10 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     assert C in (D, 2 * D) and R == C // D * ratio, (ape.shape, out.shape, ring.valid.shape)
     assert kv.stride(1) == 1 and score.stride(1) == 1 and out.stride(2) == 1 and ape.is_contiguous()
     assert state.kv.is_contiguous() and state.score.is_contiguous() and weight.is_contiguous()
-    assert all(x.stride(1) == 1 for x in ring[:4])
+    assert all(x.stride(1) == 1 for x in ring[:4]) and all(x.stride(0) == 1 for x in blk[:3])
     ring_kv, ring_sc = state.kv.view(-1, C), state.score.view(-1, C)
     cis = torch.view_as_real(blk.cis)  # [T, Dr/2, 2] fp32
+    assert cis.stride(1) == 2
     block_d = triton.next_power_of_2(D)
     block_r = min(R, max(1, TILE // block_d))
     u8 = torch.uint8
@@ -179,6 +180,7 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
         ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
         blk.phase, blk.block, blk.emit_slot, weight, cis, cis.stride(0), out, out.stride(0), out.stride(1),
         out.shape[0] - 1, eps,
-        RATIO=ratio, R=R, C=C, D=D, DR=dr, OVERLAP=C == 2 * D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+        RATIO=ratio, R=R, C=C, D=D, DR=dr, OVERLAP=C == 2 * D, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=8 if block_r * block_d >= TILE else 4)
     _state_kernel[(T,)](kv, kv.stride(0), score, score.stride(0), ape, blk.phase, ring.write_row, ring_kv, ring_sc,
                         C=C, BLOCK_C=triton.next_power_of_2(C), num_warps=4)
