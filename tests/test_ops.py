@@ -153,3 +153,18 @@ def test_kernels_pick_norms_and_heads_once_at_construction():
             comps = [m for m in (blk.attn.compressor, blk.attn.indexer and blk.attn.indexer.compressor) if m]
             assert all(c.norm._norm is layers.rms_norm for c in comps)
         assert {blk.attn.ratio for blk in stack.layers.values()} == {0, 4, 128}
+
+
+def test_compressors_pick_their_stage_b_once_at_construction():
+    # Both compressors of a layer (its own and the indexer's) take the stack's kernels; building needs no GPU.
+    from tp_runtime.model.compressor import compress_torch
+    from tp_runtime.model.stack import AttentionStack
+    from tp_runtime.ops.compressor_pool import compress_pool
+    from tp_runtime.parallel.group import single_process
+
+    cfg, cpu = load_config(TINY).model, torch.device("cpu")
+    for kernels, stage_b in (("torch", compress_torch), ("triton", compress_pool)):
+        stack = AttentionStack(cfg, single_process(cpu), 64, torch.float32, cpu, kernels)
+        comps = [m for blk in stack.layers.values()
+                 for m in (blk.attn.compressor, blk.attn.indexer and blk.attn.indexer.compressor) if m]
+        assert len(comps) >= 2 and all(c._stage_b is stage_b for c in comps)

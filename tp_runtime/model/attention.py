@@ -44,10 +44,10 @@ class StageA(NamedTuple):
 
     qr: torch.Tensor  # [T, Rq] after q_norm
     kv: torch.Tensor  # [T, D] after kv_norm
-    comp_kv: torch.Tensor | None  # [T, c*D] fp32 (r > 0): the compressor's projections of x
+    comp_kv: torch.Tensor | None  # [T, c*D] (r > 0): the compressor's projections of x, in the GEMM's dtype
     comp_score: torch.Tensor | None
     idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
-    idx_kv: torch.Tensor | None  # [T, 2*Id] fp32 (r = 4)
+    idx_kv: torch.Tensor | None  # [T, 2*Id] (r = 4)
     idx_score: torch.Tensor | None
 
 
@@ -110,7 +110,7 @@ class DSV4Attention(nn.Module):
                                       requires_grad=False)
         self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device, fp8)  # by groups
         self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device, fp8)
-        self.compressor = Compressor(ratio, D, self.eps, dtype, device) if ratio else None
+        self.compressor = Compressor(ratio, D, self.eps, dtype, device, kernels) if ratio else None
         self.indexer = Indexer(cfg, dtype, device, kernels, fp8) if ratio == 4 else None
         # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
         self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
@@ -138,8 +138,8 @@ class DSV4Attention(nn.Module):
     def stage_a(self, x: torch.Tensor) -> StageA:
         parts = [p for name, widths in self.x_gemms for p in getattr(self, name)(x).split(widths, dim=-1)]
         y = dict(zip(self.x_names, parts))  # views of each GEMM's [T, rows] output
-        comp = (y["compressor.wkv"].float(), y["compressor.wgate"].float()) if self.compressor else (None, None)
-        idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"].float(), y["indexer.compressor.wgate"].float())
+        comp = (y["compressor.wkv"], y["compressor.wgate"]) if self.compressor else (None, None)
+        idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"], y["indexer.compressor.wgate"])
                if self.indexer else (None, None, None))
         return StageA(self.q_norm(y["wq_a"]), self.kv_norm(y["wkv"]), *comp, *idx)
 

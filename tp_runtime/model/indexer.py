@@ -28,7 +28,7 @@ class Indexer(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device, fp8)
-        self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device)
+        self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device, kernels)
         # Scores and top-K (ops/select.py): torch_path's or the Triton kernels'; same signature and meaning.
         self._topk = triton_indexer_topk if kernels == "triton" else indexer_topk
 

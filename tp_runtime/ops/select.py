@@ -1,8 +1,8 @@
 """Which stage-B kernels a run uses: `runtime.kernels` resolved once for the device and dtype of a shard.
 
     torch   tp_runtime/ops/torch_path.py and the model's plain torch composition (any device, any dtype)
-    triton  the fused kernels of tp_runtime/ops/ (sparse_attention.py, indexer_topk.py, rms_norm.py, rope.py):
-            CUDA, bf16 / fp16 / fp32
+    triton  the fused kernels of tp_runtime/ops/ (sparse_attention.py, indexer_topk.py, rms_norm.py, rope.py,
+            compressor_pool.py): CUDA, bf16 / fp16 / fp32
     auto    triton on a CUDA device when Triton imports and the dtype is not float64, else torch
 
 The model is built with the resolved name and picks each kernel family's implementation from it once,
