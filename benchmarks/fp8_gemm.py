@@ -6,9 +6,11 @@ Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of
 to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
 median replay time (CUDA events, 20 replays after 3) / copies. Variants: fp8 (the kernel, FP8 weights, its
 default configuration), bf16_triton (the kernel on the bf16 matrix), bf16 (cuBLAS: torch.bmm over the groups
-given contiguous), and for wo_a bf16_bmm_strided (one bmm over strided views of x and the output) and
-bf16_einsum (the torch path's einsum). --sweep also times GEMV configurations at M = 1. Bytes: FP8 values + e8m0 scales, or the bf16 matrix; share = bytes / time /
-read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table; writes fp8_gemm.json.
+given contiguous), and for wo_a bf16_bmm_strided (`grouped_linear`: one bmm over strided views of x and the
+output, what the model runs) and bf16_einsum (the einsum it replaced, which copies x's groups apart).
+--sweep also times GEMV configurations at M = 1. Bytes: FP8 values + e8m0 scales, or the bf16 matrix;
+share = bytes / time / read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table;
+writes fp8_gemm.json.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import LinearConfig, _sm_count, dequantize, linear_triton, tile_config
+from tp_runtime.ops.linear import LinearConfig, _sm_count, dequantize, grouped_linear, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,15 +71,6 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
             "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
 
 
-def _wo_a_bmm(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
-    """The grouped GEMM as one cuBLAS bmm over strided views of x and of the output (no copies of x)."""
-    m, n = x.shape[0], w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    torch.bmm(x.view(m, groups, -1).transpose(0, 1), w.view(groups, n // groups, -1).transpose(1, 2),
-              out=y.view(m, groups, n // groups).transpose(0, 1))
-    return y
-
-
 def _einsum(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
     m, n = x.shape[0], w.shape[0]
     return torch.einsum("tgd,grd->tgr", x.view(m, groups, -1), w.view(groups, n // groups, -1)).flatten(1)
@@ -108,7 +101,7 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
              "bf16": _graph_ms([lambda w=w, xg=xg: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2))
                                 for w in bfs])}
         if groups > 1:
-            t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: _wo_a_bmm(x, w, groups) for w in bfs])
+            t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: grouped_linear(x, w, groups) for w in bfs])
             t["bf16_einsum"] = _graph_ms([lambda w=w, x=x: _einsum(x, w, groups) for w in bfs])
         nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
         r = {"N": n, "K": k, "M": m, "splits": tile_config(m, n, k, n_sm).splits}

@@ -114,7 +114,6 @@ class DSV4Attention(nn.Module):
         self.indexer = Indexer(cfg, dtype, device, kernels, fp8) if ratio == 4 else None
         # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
         self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
-        self._wo_a = self._wo_a_grouped if fp8 or kernels == "triton" else self._wo_a_einsum
         # q norm + rotary, kv and indexer-query rotary: the torch composition or one launch (ops/rope.py).
         self._heads = heads_triton if kernels == "triton" else heads_torch
 
@@ -180,19 +179,12 @@ class DSV4Attention(nn.Module):
         """o [T, Hl*D] -> per-group wo_a [T, Gl*Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
         return self.wo_b(self._wo_a(o))
 
-    def _wo_a_grouped(self, o: torch.Tensor) -> torch.Tensor:
-        """One grouped GEMM: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's columns of group g (FP8 as
-        stored, or the Triton kernel in bf16: no copies of o's groups)."""
+    def _wo_a(self, o: torch.Tensor) -> torch.Tensor:
+        """One grouped GEMM, o [T, Hl*D] -> [T, Gl*Ro]: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's
+        columns of group g (FP8 as stored, or one strided batched GEMM: no copies of o's groups)."""
         if self.wo_a.fp8:
             return fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups)
         return grouped_linear(o, self.wo_a.weight, self.n_local_groups)
-
-    def _wo_a_einsum(self, o: torch.Tensor) -> torch.Tensor:
-        """The torch path: o's groups [T, Gl, (H/G)*D] against wo_a [Gl, Ro, (H/G)*D]."""
-        Gl = self.n_local_groups
-        og = o.view(o.shape[0], Gl, -1)
-        wo_a = self.wo_a.weight.view(Gl, -1, o.shape[1] // Gl)
-        return torch.einsum("tgd,grd->tgr", og, wo_a).flatten(1)
 
     def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
         """C, the host bound on a token's compressed candidates: K picks (ratio 4), every entry a

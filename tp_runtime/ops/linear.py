@@ -7,16 +7,19 @@ grouped bf16 GEMM of wo_a; the torch path beside them.
     y      [M, N]   in x's dtype; grouped: output columns [g*N/groups, (g+1)*N/groups) read x's columns
                     [g*K, (g+1)*K)
 
-`fp8_linear` and `grouped_linear` are the one place each path is chosen: the Triton kernel on a CUDA
-tensor when Triton imports (any M: tiles sized by M), the torch path elsewhere (dequantize, then plain
-matmuls: the semantics, and the CPU tests' path).
+`fp8_linear` is the one place the FP8 path is chosen: the Triton kernel on a CUDA tensor when Triton
+imports (any M: tiles sized by M), the torch path elsewhere (dequantize, then plain matmuls: the
+semantics, and the CPU tests' path).
 
 The kernels: at M = 1 a GEMV (fp32 products, no tensor cores: a 16-row tl.dot tile would be 15/16 padding);
-else one program per [BLOCK_M, BLOCK_N] output tile and split of K. FP8 tiles [BLOCK_N, 128] are
-dequantized in registers (exact: an e4m3 value times a power of two fits bf16), one scale per row, since a
-tile's K range is one scale block; fp32 accumulation with tl.dot. At decode sizes (M <= 16) a matrix has
-too few column tiles to fill the GPU with long serial K loops, so K is split over programs that write
-fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts.
+else one program per [BLOCK_M, BLOCK_N] output tile and split of K, fp32 accumulation with tl.dot. A tile
+has at most 128 rows, aligned, so all its rows share one scale per 128 columns: the kernels multiply x by
+that power of two (exact) and only widen the FP8 values (exact for e4m3), instead of scaling every weight.
+At decode sizes (M <= 16) a matrix has too few column tiles to fill the GPU with long serial K loops, so K
+is split over programs that write fp32 partials [S, M, N], and a second kernel sums them in a fixed order
+(deterministic) and casts. The kernels also take bf16 weights (scale None); measured on an H200 they are
+slower than cuBLAS there (benchmarks/fp8_gemm.py), so bf16 weights go to cuBLAS: `grouped_linear` is one
+strided batched GEMM over views of x and of y, without copies.
 """
 
 from __future__ import annotations
@@ -48,15 +51,19 @@ def dequantize(qw: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
     return (qw.to(torch.float32) * s).to(dtype)
 
 
-def grouped_linear_torch(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
-    if groups == 1:
-        return torch.nn.functional.linear(x, w)
-    xs, ws = x.chunk(groups, dim=-1), w.chunk(groups, dim=0)
-    return torch.cat([torch.nn.functional.linear(a, b) for a, b in zip(xs, ws)], dim=-1)
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
+    """x [M, groups*K] @ W [groups*N, K]^T group by group -> [M, groups*N], W in x's dtype: one batched
+    GEMM reading x's groups and writing y's in place (strided views [groups, M, K] and [groups, M, N])."""
+    m, n = x.shape[0], w.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    torch.bmm(x.view(m, groups, -1).transpose(0, 1), w.view(groups, n // groups, -1).transpose(1, 2),
+              out=y.view(m, groups, n // groups).transpose(0, 1))
+    return y
 
 
 def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    return grouped_linear_torch(x, dequantize(qw, scale, x.dtype), groups)
+    w = dequantize(qw, scale, x.dtype)
+    return torch.nn.functional.linear(x, w) if groups == 1 else grouped_linear(x, w, groups)
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -67,11 +74,6 @@ def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: i
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
     linear; wo_a of DSV4: group g's output columns read x's columns of group g)."""
     return fp8_linear_triton(x, qw, scale, groups) if _use_triton(x) else fp8_linear_torch(x, qw, scale, groups)
-
-
-def grouped_linear(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
-    """The same with W [groups*N, K] in x's dtype: one launch where torch would copy x's groups apart."""
-    return linear_triton(x, w, None, groups) if _use_triton(x) else grouped_linear_torch(x, w, groups)
 
 
 def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -181,10 +183,11 @@ if triton is not None:
                         other=0.0)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            if HAS_SCALE:
-                v = tl.load(s_ptr + (rn // BLOCK_K) * stride_sn + kb, mask=n_ok, other=127)
-                s = tl.exp2(v.to(tl.float32) - 127.0)  # [BLOCK_N] the rows' block scales, exact powers of two
-                w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
+            if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, applied to x (a power of
+                # two: exact), so the FP8 tile only widens to x's dtype (exact for e4m3)
+                v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kb)
+                x = (x.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x_ptr.dtype.element_ty)
+                w = w.to(x_ptr.dtype.element_ty)
             acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
         y = acc.to(y_ptr.dtype.element_ty)
         y_ptr += split * stride_ys
@@ -195,7 +198,7 @@ if triton is not None:
                      HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
         # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
-        # tile, reduced once at the end; FP8 values times their row's block scale, in fp32.
+        # tile, reduced once at the end; x times the block scales, in fp32.
         pid_n, split = tl.program_id(0), tl.program_id(1)
         x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -207,12 +210,11 @@ if triton is not None:
             kk = kb * BLOCK_K + rk
             k_ok = kk < K
             x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
+                v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
+                x = x * tl.exp2(v.to(tl.float32) - 127.0)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                         other=0.0).to(tl.float32)
-            if HAS_SCALE:  # the scale of each element's 128 x 128 block (BLOCK_K may span several)
-                v = tl.load(s_ptr + (rn // 128)[:, None] * stride_sn + (kk // 128)[None, :],
-                            mask=n_ok[:, None] & k_ok[None, :], other=127)
-                w = w * tl.exp2(v.to(tl.float32) - 127.0)
             acc += w * x[None, :]
         y = tl.sum(acc, axis=1)
         tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
