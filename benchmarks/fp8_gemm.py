@@ -80,7 +80,7 @@ def gemv_configs(n: int, k: int, n_sm: int) -> list[LinearConfig]:
     """M = 1 configurations swept: rows per program, K step, warps; K split by tile_config's rule."""
     out = []
     for bn in (8, 16, 32):
-        for bk in (128, 512):
+        for bk in (256, 512, 1024):
             for warps in (4, 8):
                 splits = max(1, min(-(-8 * n_sm // -(-n // bn)), -(-k // bk) // 2))
                 out.append(LinearConfig(1, bn, bk, warps, 3, splits))

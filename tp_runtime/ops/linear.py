@@ -13,11 +13,11 @@ semantics, and the CPU tests' path).
 
 The kernels: at M = 1 a GEMV (fp32 products, no tensor cores: a 16-row tl.dot tile would be 15/16 padding);
 else one program per [BLOCK_M, BLOCK_N] output tile and split of K, fp32 accumulation with tl.dot. A tile
-has at most 128 rows, aligned, so all its rows share one scale per 128 columns: the kernels multiply x by
-that power of two (exact) and only widen the FP8 values (exact for e4m3), instead of scaling every weight.
-At decode sizes (M <= 16) a matrix has too few column tiles to fill the GPU with long serial K loops, so K
-is split over programs that write fp32 partials [S, M, N], and a second kernel sums them in a fixed order
-(deterministic) and casts. The kernels also take bf16 weights (scale None); measured on an H200 they are
+has at most 128 rows, aligned, so all its rows share one scale per 128 columns. The GEMV multiplies x by
+those powers of two (exact) and only widens the FP8 values; the tl.dot kernel scales the FP8 tile as it
+widens it to x's dtype (exact for e4m3; measured faster there than scaling x). At decode sizes a matrix
+has too few output tiles to fill the GPU with long serial K loops, so K is split over programs that write
+fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts. The kernels also take bf16 weights (scale None); measured on an H200 they are
 slower than cuBLAS there (benchmarks/fp8_gemm.py), so bf16 weights go to cuBLAS: `grouped_linear` is one
 strided batched GEMM over views of x and of y, without copies.
 """
@@ -99,16 +99,20 @@ class LinearConfig(NamedTuple):
 def tile_config(m: int, n: int, k: int, n_sm: int) -> LinearConfig:
     """The configuration for an [m, n] output over k columns.
 
-    M = 1: the GEMV kernel, 16 rows a program. Decode (m <= 16): one 16-row tile of tl.dot. At both, K is
-    split until there are ~8 programs per SM, each with at least `min_steps` K steps (fewer would cost
-    more in partials than the split gains). Prefill: square-ish tiles and no split."""
-    if m > 64:
-        return LinearConfig(128, 128, BLOCK, 8, 3, 1)
-    if m > 16:
-        return LinearConfig(64, 64, BLOCK, 4, 3, 1)
-    bm, bn, min_steps = (1, 16, 2) if m == 1 else (16, 16 if n <= 8192 else 64, 4)
-    splits = max(1, min(triton.cdiv(8 * n_sm, triton.cdiv(n, bn)), triton.cdiv(k, BLOCK) // min_steps))
-    return LinearConfig(bm, bn, BLOCK, 4, 3 if m == 1 else 4, splits)
+    M = 1: the GEMV kernel, 16 rows and 512 columns a step (the best of a sweep on an H200 at every FP8
+    shape of Flash, benchmarks/fp8_gemm.py --sweep). Larger M: tl.dot tiles growing with M. K is split
+    until there are ~8 programs per SM, each with at least 2 (GEMV) or 4 K steps, and while the fp32
+    partials (written and read once: 8 bytes an output element per split) stay under the FP8 weight's
+    bytes."""
+    if m == 1:
+        bm, bn, bk, warps, stages, min_steps = 1, 16, 512, 4, 3, 2
+    else:
+        bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
+        bn = (16 if n <= 8192 else 64) if m <= 16 else 64 if m <= 256 else 128
+        bk, warps, stages, min_steps = BLOCK, 4 if bm * bn <= 64 * 64 else 8, 4 if m <= 16 else 3, 4
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    splits = min(triton.cdiv(8 * n_sm, tiles), triton.cdiv(k, bk) // min_steps, k // (8 * m))
+    return LinearConfig(bm, bn, bk, warps, stages, max(1, splits))
 
 
 def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int, x: torch.Tensor) -> None:
@@ -183,11 +187,9 @@ if triton is not None:
                         other=0.0)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                         other=0.0)
-            if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, applied to x (a power of
-                # two: exact), so the FP8 tile only widens to x's dtype (exact for e4m3)
+            if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, exact in x's dtype
                 v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kb)
-                x = (x.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x_ptr.dtype.element_ty)
-                w = w.to(x_ptr.dtype.element_ty)
+                w = (w.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x.dtype)
             acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
         y = acc.to(y_ptr.dtype.element_ty)
         y_ptr += split * stride_ys
