@@ -101,8 +101,9 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
     rows.append(dict(kernel=name, variant="triton", config=cfg._asdict(),
                      ms=graph_time(lambda: sparse_attention_sink(*args(c_static), out, config=cfg))))
     if sweep:
-        for bh, bn, nw, ns in ((16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (16, 64, 8, 3)):
-            for split_len in sorted({cfg.split_len, 32, 64, 128, 256, W + c_static}):
+        for bh, bn, nw, ns in ((16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (32, 16, 4, 2), (32, 32, 8, 2),
+                               (32, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 1)):
+            for split_len in sorted({cfg.split_len, 64, 128, 320, W + c_static}):
                 if split_len % bn:
                     continue
                 c = AttnConfig(bh, bn, nw, ns, split_len)

@@ -198,16 +198,18 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
 
     Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
     the SM count, down to 64 candidates a split: a program's fixed cost (its q tile, the index loads, the
-    partials) is what decode at small batch pays, so more, shorter programs win there. Few programs:
-    64-row tiles and 8 warps; many: 32-row tiles and 4 warps. Measured on an H200 at Flash dims
-    (benchmarks/time_kernels.py --sweep): batch 1 / 4K, ratio 4: 37 us -> 28 us; batch 32: 114 -> 83 us."""
-    block_h = 16
+    partials) is what decode at small batch pays, so more, shorter programs win there. With many tokens,
+    32 heads a program halve how often each gathered row is read. From the H200 sweep at Flash dims
+    (benchmarks/time_kernels.py --sweep, ratio 4 / 128): batch 1 / 4K 37 -> 25 / 34 -> 22 us; batch 32 /
+    4K 114 -> ~62 / 38 -> ~36 us."""
+    few = n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm
+    wide = head_dim >= 256
+    block_h = 16 if few or not wide or n_heads <= 16 else 32
+    block_n = 64 if wide else 16
     base = n_tokens * triton.cdiv(n_heads, block_h)
-    few = base * 8 <= n_sm
-    block_n = (64 if few else 32) if head_dim >= 256 else 16
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
     split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
-    return AttnConfig(block_h, block_n, 8 if few and head_dim >= 256 else 4, 2, split_len)
+    return AttnConfig(block_h, block_n, 8 if wide else 4, 2, split_len)
 
 
 COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
