@@ -413,6 +413,9 @@ def test_profile_view_groups_kernels_by_the_code_that_launched_them():
     layers, attn = "tp_runtime/model/layers.py(48): forward", "tp_runtime/model/attention.py(130): stage_a"
     assert kernel_group(["<built-in method linear>", layers, attn], "nvjet_sm90_gemm") == "weight GEMMs"
     assert kernel_group(["tp_runtime/ops/torch_path.py(80): sparse_attention"], "gemm") == "attention"
+    # the grouped wo_a's batched GEMM, launched from ops/linear.py inside the layer's stage C
+    assert kernel_group(["tp_runtime/ops/linear.py(60): grouped_linear", "tp_runtime/model/attention.py(187): _wo_a"],
+                        "nvjet_sm90_tst") == "weight GEMMs"
     assert kernel_group(["tp_runtime/model/layers.py(22): rms_norm", layers, attn], "elementwise") == "norms and rotary"
     assert kernel_group(["tp_runtime/ops/torch_path.py(30): gather_rows",
                          "tp_runtime/model/compressor.py(60): _pool"], "index_kernel") == "compressors"

@@ -40,7 +40,7 @@ def profile_steps(run: Callable[[], None], n_steps: int, device: torch.device) -
 GROUP_MARKERS = (
     ("all-reduce", ("all_reduce",)),
     ("norms and rotary", ("rms_norm", "rope.py(")),
-    ("weight GEMMs", ("fp8_linear", "model/layers.py(")),
+    ("weight GEMMs", ("ops/linear.py(", "model/layers.py(")),
     ("indexer", ("indexer_topk", "indexer.py(")),
     ("compressors", ("compressor.py(",)),
     ("attention", ("sparse_attention", "attention.py(")),
