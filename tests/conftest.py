@@ -17,8 +17,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = ROOT = Path(__file__).resolve().parents[1]
+
+# The Triton kernel tests run on a CUDA GPU, or on the CPU through Triton's interpreter when
+# TRITON_INTERPRET=1 (slowly; it checks indexing and masking, not the compiled code).
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+KERNEL_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
+                                                    reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
 TINY = "configs/tiny.yaml"  # relative to REPO, the working directory of every CLI run
 TINY_PATH = str(REPO / TINY)  # for configs loaded inside the test process
 

@@ -21,10 +21,10 @@ Tolerances (relative error of each cache row, ||a - b|| / ||b||):
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
+from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.batch import StepBatch
@@ -35,11 +35,8 @@ from tp_runtime.model.step_index import StepIndex, block_index, ring_index
 
 triton = pytest.importorskip("triton")
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
-                                 reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = KERNEL_MARKS
+DEV = KERNEL_DEVICE
 
 FLASH = ModelConfig()  # the released Flash dims are the defaults
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 2e-5}

@@ -18,10 +18,10 @@ Tolerances (relative error of each token's output row, ||a - b|| / ||b||):
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
+from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.attention import sparse_attention_torch
@@ -31,11 +31,8 @@ from tp_runtime.ops import torch_path
 
 triton = pytest.importorskip("triton")
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
-                                 reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = KERNEL_MARKS
+DEV = KERNEL_DEVICE
 
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink

@@ -21,10 +21,10 @@ Tolerances, per element: |got - ref| <= rtol * (|ref| + max |ref row|), a row be
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
+from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 from conftest import TINY_PATH as TINY
 
 from tp_runtime.config import ModelConfig, load_config
@@ -35,11 +35,8 @@ from tp_runtime.parallel.group import TPGroup
 
 triton = pytest.importorskip("triton")
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
-                                 reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = KERNEL_MARKS
+DEV = KERNEL_DEVICE
 
 from tp_runtime.ops.rms_norm import rms_norm
 from tp_runtime.ops.rope import prepare_heads

@@ -40,6 +40,8 @@ try:
 except ImportError:  # CPU installs: the module imports, its kernels cannot run
     triton = tl = None
 
+from tp_runtime.ops.rope import rotate_pairs
+
 if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is imported at run time
     from tp_runtime.model.cache import RingState
     from tp_runtime.model.step_index import BlockIndex, RingIndex
@@ -49,21 +51,6 @@ TILE = 4096  # elements of one [BLOCK_R, BLOCK_D] tile of rows: 16 fp32 per thre
 
 def _jit(fn):
     return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
-def _rope(y, cis_row, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
-    """y [BLOCK_D] fp32 -> y with pairs (2k, 2k+1) of dims [D - DR, D) turned by cis[k].
-    cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32."""
-    ev, od = tl.split(tl.reshape(y, (BLOCK_D // 2, 2)))  # [BLOCK_D/2] each
-    pair = tl.arange(0, BLOCK_D // 2)
-    k = pair - (D - DR) // 2
-    rope = (k >= 0) & (pair < D // 2)
-    k = tl.where(rope, k, 0)
-    c = tl.load(cis_row + 2 * k, mask=rope, other=1.0)
-    s = tl.load(cis_row + 2 * k + 1, mask=rope, other=0.0)
-    # (a + ib)(c + is) = (ac - bs) + i(as + bc)
-    return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_D,))
 
 
 @_jit
@@ -123,7 +110,8 @@ def _pool_kernel(
         pooled = tl.where(dm, acc / den, 0.0)  # [BLOCK_D]; a completing token has >= r valid rows
         w = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
         y = pooled * (1.0 / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps)) * w
-        y = _rope(y, cis_ptr + t * s_cis, BLOCK_D, D, DR)
+        y = tl.reshape(rotate_pairs(tl.reshape(y, (1, BLOCK_D)), cis_ptr + t * s_cis, 1, BLOCK_D, D, DR, False),
+                       (BLOCK_D,))
         blk = tl.load(block_ptr + t)
         tl.store(out_ptr + slot * so_slot + blk * so_row + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 

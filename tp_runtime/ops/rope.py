@@ -35,9 +35,11 @@ TILE = 2048  # elements of one program's tile: 4 heads of 512 dims, 16 indexer h
 
 
 @_jit
-def _rotate(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
-    """x [BLOCK_H, BLOCK_D] fp32 -> pairs (2i, 2i+1) of dims [D - DR, D) turned by cis[i], the rest as is.
-    cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32."""
+def rotate_pairs(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
+                 INVERSE: tl.constexpr):
+    """x [BLOCK_H, BLOCK_D] fp32 -> pairs (2i, 2i+1) of dims [D - DR, D) turned by cis[i] (by its conjugate
+    when INVERSE), the rest as is. cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32. The one
+    rotary of the Triton kernels (query preparation, the compressors' entries, attention's inverse)."""
     ev, od = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D // 2, 2)))  # [BLOCK_H, BLOCK_D/2] each
     pair = tl.arange(0, BLOCK_D // 2)
     k = pair - (D - DR) // 2
@@ -45,6 +47,8 @@ def _rotate(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.cons
     k = tl.where(rope, k, 0)
     c = tl.load(cis_row + 2 * k, mask=rope, other=1.0)[None, :]
     s = tl.load(cis_row + 2 * k + 1, mask=rope, other=0.0)[None, :]
+    if INVERSE:
+        s = -s
     # (a + ib)(c + is) = (ac - bs) + i(as + bc); pairs outside the rotary dims keep their exact values
     re = tl.where(rope[None, :], ev * c - od * s, ev)
     im = tl.where(rope[None, :], ev * s + od * c, od)
@@ -63,7 +67,7 @@ def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.con
     xf = x.to(tl.float32)
     if NORM:  # per-head RMSNorm without weight, rounded to x's dtype as rms_norm returns it
         xf = (xf * tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]).to(x.dtype).to(tl.float32)
-    y = _rotate(xf, cis_row, BLOCK_H, BLOCK_D, D, DR)
+    y = rotate_pairs(xf, cis_row, BLOCK_H, BLOCK_D, D, DR, False)
     tl.store(out_ptr + h[:, None] * s_out + d[None, :], y.to(x.dtype).to(out_ptr.dtype.element_ty), mask=m)
 
 

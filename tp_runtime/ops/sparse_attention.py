@@ -38,27 +38,14 @@ try:
 except ImportError:  # CPU installs: the module imports, its kernels cannot run
     triton = tl = None
 
+from tp_runtime.ops.rope import rotate_pairs
+
 if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
     from tp_runtime.model.step_index import RingIndex
 
 
 def _jit(fn):
     return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
-def _inverse_rope(o, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
-    """o [BLOCK_H, BLOCK_D] fp32 -> o with pairs (2i, 2i+1) of dims [D - DR, D) turned by conj(cis[i]).
-    cis_row: pointer to this token's [DR/2, 2] (cos, sin) fp32."""
-    ev, od = tl.split(tl.reshape(o, (BLOCK_H, BLOCK_D // 2, 2)))  # [BLOCK_H, BLOCK_D/2] each
-    pair = tl.arange(0, BLOCK_D // 2)
-    k = pair - (D - DR) // 2
-    rope = (k >= 0) & (pair < D // 2)
-    k = tl.where(rope, k, 0)
-    c = tl.load(cis_row + 2 * k, mask=rope, other=1.0)[None, :]
-    s = tl.load(cis_row + 2 * k + 1, mask=rope, other=0.0)[None, :]
-    # (a + ib)(c - is) = (ac + bs) + i(bc - as)
-    return tl.reshape(tl.join(ev * c + od * s, od * c - ev * s), (BLOCK_H, BLOCK_D))
 
 
 @_jit
@@ -140,7 +127,7 @@ def _sparse_attn_kernel(
         m = m_new
 
     if not SPLIT:
-        o = _inverse_rope(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR)
+        o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
         tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=hmask[:, None] & dmask[None, :])
     else:
@@ -171,7 +158,7 @@ def _combine_kernel(
         w = tl.exp(tl.load(part_ml_ptr + row * 2, mask=hmask, other=-1.0e30) - m)
         den += w * tl.load(part_ml_ptr + row * 2 + 1, mask=hmask, other=0.0)
         acc += w[:, None] * tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], mask=hmask[:, None], other=0.0)
-    o = _inverse_rope(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR)
+    o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
     tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=hmask[:, None] & (d < D)[None, :])
 
