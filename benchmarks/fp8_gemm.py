@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import LinearConfig, _sm_count, dequantize, grouped_linear, linear_triton, tile_config
+from tp_runtime.ops.kernel_support import sm_count
+from tp_runtime.ops.linear import LinearConfig, dequantize, grouped_linear, k_splits, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,13 +78,12 @@ def _einsum(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def gemv_configs(n: int, k: int, n_sm: int) -> list[LinearConfig]:
-    """M = 1 configurations swept: rows per program, K step, warps; K split by tile_config's rule."""
+    """M = 1 configurations swept: rows per program, K step, warps; K split by the kernel's own rule."""
     out = []
     for bn in (8, 16, 32):
         for bk in (256, 512, 1024):
             for warps in (4, 8):
-                splits = max(1, min(-(-8 * n_sm // -(-n // bn)), -(-k // bk) // 2))
-                out.append(LinearConfig(1, bn, bk, warps, 3, splits))
+                out.append(LinearConfig(1, bn, bk, warps, 3, k_splits(1, n, k, bn, bk, n_sm)))
     return out
 
 
@@ -91,7 +91,7 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
     copies = max(2, int(256e6 // (n * k)) + 1)  # > 4x the L2 in FP8 bytes
     qs = [quantize_fp8(torch.randn(n, k, device="cuda") / k ** 0.5) for _ in range(copies)]
     bfs = [dequantize(q, s, torch.bfloat16) for q, s in qs]
-    n_sm = _sm_count(torch.device("cuda"))
+    n_sm = sm_count(torch.device("cuda"))
     rows = []
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ import torch
 
 from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import LinearConfig, dequantize, fp8_linear_triton, grouped_linear, linear_triton, tile_config
+from tp_runtime.ops.linear import LinearConfig, dequantize, grouped_linear, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -46,7 +46,7 @@ def test_kernel_matches_dequantize_then_matmul(n, k):
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
         poison = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         del poison  # its block is what the kernel's output most likely reuses: unwritten elements stay NaN
-        y = fp8_linear_triton(x, q, s)
+        y = linear_triton(x, q, s)
         ref = x @ ref_w.T
         assert y.isfinite().all(), (n, k, m)
         err = float((y.float() - ref.float()).norm() / ref.float().norm())
@@ -56,13 +56,13 @@ def test_kernel_matches_dequantize_then_matmul(n, k):
 def test_kernel_in_a_cuda_graph():
     q, s = quantize_fp8(torch.randn(4096, 1024, device="cuda") / 32)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
-    y0 = fp8_linear_triton(x, q, s)  # compiles outside the capture
+    y0 = linear_triton(x, q, s)  # compiles outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        y = fp8_linear_triton(x, q, s)
+        y = linear_triton(x, q, s)
     x.copy_(torch.randn_like(x))
     g.replay()
-    assert torch.equal(y, fp8_linear_triton(x, q, s)) and not torch.equal(y, y0)
+    assert torch.equal(y, linear_triton(x, q, s)) and not torch.equal(y, y0)
 
 
 def test_check_with_fp8_weights():
@@ -86,7 +86,7 @@ def test_grouped_kernel_matches_per_group_matmuls(groups, n, k):
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", generator=g).to(torch.bfloat16)
         ref = torch.cat([x[:, i * k:(i + 1) * k] @ w[i].T for i in range(groups)], dim=1)
-        y = fp8_linear_triton(x, q, s, groups)
+        y = linear_triton(x, q, s, groups)
         err = float((y.float() - ref.float()).norm() / ref.float().norm())
         assert err < TOL, (groups, m, err)
 

@@ -34,12 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, its kernels cannot run
-    triton = tl = None
-
+from tp_runtime.ops.kernel_support import jit, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
 if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is imported at run time
@@ -49,11 +44,7 @@ if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is im
 TILE = 4096  # elements of one [BLOCK_R, BLOCK_D] tile of rows: 16 fp32 per thread at 8 warps
 
 
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _pool_kernel(
     kv_ptr, s_kv, score_ptr, s_sc,  # this step's projections [T, C], last dim contiguous
     ape_ptr,  # [r, C] fp32
@@ -116,7 +107,7 @@ def _pool_kernel(
         tl.store(out_ptr + slot * so_slot + blk * so_row + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
-@_jit
+@jit
 def _state_kernel(
     kv_ptr, s_kv, score_ptr, s_sc,  # this step's projections [T, C], last dim contiguous
     ape_ptr, phase_ptr,  # [r, C] fp32, [T] long

@@ -23,18 +23,10 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, its kernels cannot run
-    triton = tl = None
+from tp_runtime.ops.kernel_support import jit, tl, triton
 
 
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _score_kernel(
     q_ptr, sq_t, sq_h,  # q [T, Ih, Id], last dim contiguous
     w_ptr, sw_t,  # w [T, Ih]
@@ -64,7 +56,7 @@ def _score_kernel(
         tl.store(score_ptr + t * s_score + s, score, mask=km)
 
 
-@_jit
+@jit
 def _order_key(score):
     """fp32 -> int64 in [0, 2^32) with the order of the floats (-0.0 and +0.0 equal)."""
     score = tl.where(score == 0.0, 0.0, score)
@@ -73,7 +65,7 @@ def _order_key(score):
     return b.to(tl.int64) + 2147483647 + 1
 
 
-@_jit
+@jit
 def _select_kernel(
     score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
     nv_ptr,  # [T] long

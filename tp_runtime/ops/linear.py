@@ -17,23 +17,20 @@ has at most 128 rows, aligned, so all its rows share one scale per 128 columns. 
 those powers of two (exact) and only widens the FP8 values; the tl.dot kernel scales the FP8 tile as it
 widens it to x's dtype (exact for e4m3; measured faster there than scaling x). At decode sizes a matrix
 has too few output tiles to fill the GPU with long serial K loops, so K is split over programs that write
-fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts. The kernels also take bf16 weights (scale None); measured on an H200 they are
-slower than cuBLAS there (benchmarks/fp8_gemm.py), so bf16 weights go to cuBLAS: `grouped_linear` is one
-strided batched GEMM over views of x and of y, without copies.
+fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts.
+
+The kernels also take bf16 weights (scale None); measured on an H200 they are slower than cuBLAS there
+(benchmarks/fp8_gemm.py), so bf16 weights go to cuBLAS: `grouped_linear` is one strided batched GEMM over
+views of x and of y, without copies.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, the kernels cannot run (the torch path does)
-    triton = tl = None
+from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
 
 BLOCK = 128  # the checkpoint's quantization block: rows and columns; also the kernel's K step
 
@@ -73,16 +70,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
     linear; wo_a of DSV4: group g's output columns read x's columns of group g)."""
-    return fp8_linear_triton(x, qw, scale, groups) if _use_triton(x) else fp8_linear_torch(x, qw, scale, groups)
-
-
-def fp8_linear_triton(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    return linear_triton(x, qw, scale, groups)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return linear_triton(x, qw, scale, groups) if _use_triton(x) else fp8_linear_torch(x, qw, scale, groups)
 
 
 class LinearConfig(NamedTuple):
@@ -100,19 +88,23 @@ def tile_config(m: int, n: int, k: int, n_sm: int) -> LinearConfig:
     """The configuration for an [m, n] output over k columns.
 
     M = 1: the GEMV kernel, 16 rows and 512 columns a step (the best of a sweep on an H200 at every FP8
-    shape of Flash, benchmarks/fp8_gemm.py --sweep). Larger M: tl.dot tiles growing with M. K is split
-    until there are ~8 programs per SM, each with at least 2 (GEMV) or 4 K steps, and while the fp32
-    partials (written and read once: 8 bytes an output element per split) stay under the FP8 weight's
-    bytes."""
+    shape of Flash, benchmarks/fp8_gemm.py --sweep). Larger M: tl.dot tiles growing with M; K split by
+    `k_splits`."""
     if m == 1:
-        bm, bn, bk, warps, stages, min_steps = 1, 16, 512, 4, 3, 2
-    else:
-        bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
-        bn = (16 if n <= 8192 else 64) if m <= 16 else 64 if m <= 256 else 128
-        bk, warps, stages, min_steps = BLOCK, 4 if bm * bn <= 64 * 64 else 8, 4 if m <= 16 else 3, 4
-    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
-    splits = min(triton.cdiv(8 * n_sm, tiles), triton.cdiv(k, bk) // min_steps, k // (8 * m))
-    return LinearConfig(bm, bn, bk, warps, stages, max(1, splits))
+        return LinearConfig(1, 16, 512, 4, 3, k_splits(1, n, k, 16, 512, n_sm))
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
+    bn = (16 if n <= 8192 else 64) if m <= 16 else 64 if m <= 256 else 128
+    return LinearConfig(bm, bn, BLOCK, 4 if bm * bn <= 64 * 64 else 8, 4 if m <= 16 else 3,
+                        k_splits(m, n, k, bn, BLOCK, n_sm, block_m=bm))
+
+
+def k_splits(m: int, n: int, k: int, block_n: int, block_k: int, n_sm: int, block_m: int = 1) -> int:
+    """Programs over K: until there are ~8 programs per SM, each with at least 2 (GEMV) or 4 K steps, and
+    while the fp32 partials (written and read once: 8 bytes an output element per split) stay under the
+    FP8 weight's bytes."""
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    min_steps = 2 if m == 1 else 4
+    return max(1, min(triton.cdiv(8 * n_sm, tiles), triton.cdiv(k, block_k) // min_steps, k // (8 * m)))
 
 
 def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int, x: torch.Tensor) -> None:
@@ -139,7 +131,7 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
     group_n = n // groups
-    c = config or tile_config(m, n, k, _sm_count(x.device))
+    c = config or tile_config(m, n, k, sm_count(x.device))
     bn = c.block_n
     while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
         bn //= 2
@@ -163,70 +155,68 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
     return y.view(*lead, n)
 
 
-if triton is not None:
+@jit
+def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn, stride_ym,
+                   stride_ys, STEPS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    # One program: output tile [BLOCK_M, BLOCK_N] over K steps [split*STEPS, (split+1)*STEPS) of 128
+    # columns; its output is y itself (one split) or split's fp32 partial plane y + split * stride_ys.
+    # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
+    for kb in range(split * STEPS, kb_end):
+        k0 = kb * BLOCK_K
+        k_ok = (k0 + rk) < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, exact in x's dtype
+            v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kb)
+            w = (w.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x.dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
+    y = acc.to(y_ptr.dtype.element_ty)
+    y_ptr += split * stride_ys
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
 
-    @triton.jit
-    def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn, stride_ym,
-                       stride_ys, STEPS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-        # One program: output tile [BLOCK_M, BLOCK_N] over K steps [split*STEPS, (split+1)*STEPS) of 128
-        # columns; its output is y itself (one split) or split's fp32 partial plane y + split * stride_ys.
-        # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
-        pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        m_ok, n_ok = rm < M, rn < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
-        for kb in range(split * STEPS, kb_end):
-            k0 = kb * BLOCK_K
-            k_ok = (k0 + rk) < K
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, exact in x's dtype
-                v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kb)
-                w = (w.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
-        y = acc.to(y_ptr.dtype.element_ty)
-        y_ptr += split * stride_ys
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+@jit
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn, stride_ys, STEPS,
+                 HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
+    # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
+    # tile, reduced once at the end; x times the block scales, in fp32.
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
+    for kb in range(split * STEPS, kb_end):
+        kk = kb * BLOCK_K + rk
+        k_ok = kk < K
+        x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
+            v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
+            x = x * tl.exp2(v.to(tl.float32) - 127.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
-    @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn, stride_ys, STEPS,
-                     HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
-        # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
-        # tile, reduced once at the end; x times the block scales, in fp32.
-        pid_n, split = tl.program_id(0), tl.program_id(1)
-        x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        n_ok = rn < N
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
-        for kb in range(split * STEPS, kb_end):
-            kk = kb * BLOCK_K + rk
-            k_ok = kk < K
-            x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-            if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
-                v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
-                x = x * tl.exp2(v.to(tl.float32) - 127.0)
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
-            acc += w * x[None, :]
-        y = tl.sum(acc, axis=1)
-        tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
-
-    @triton.jit
-    def _sum_splits_kernel(part_ptr, y_ptr, E, SPLITS, BLOCK_E: tl.constexpr):
-        # y [E] = sum over s of part[s, E] (fp32, in split order), cast to y's dtype.
-        e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-        ok = e < E
-        acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
-        for s in range(SPLITS):
-            acc += tl.load(part_ptr + s * E + e, mask=ok, other=0.0)
-        tl.store(y_ptr + e, acc.to(y_ptr.dtype.element_ty), mask=ok)
+@jit
+def _sum_splits_kernel(part_ptr, y_ptr, E, SPLITS, BLOCK_E: tl.constexpr):
+    # y [E] = sum over s of part[s, E] (fp32, in split order), cast to y's dtype.
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    ok = e < E
+    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(part_ptr + s * E + e, mask=ok, other=0.0)
+    tl.store(y_ptr + e, acc.to(y_ptr.dtype.element_ty), mask=ok)

@@ -9,18 +9,10 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, its kernels cannot run
-    triton = tl = None
+from tp_runtime.ops.kernel_support import jit, tl, triton
 
 
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _rms_norm_kernel(x_ptr, sx_t, w_ptr, y_ptr, sy_t, eps, C: tl.constexpr, HAS_W: tl.constexpr,
                      BLOCK_C: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)

@@ -20,21 +20,12 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, its kernels cannot run
-    triton = tl = None
-
-
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
-
+from tp_runtime.ops.kernel_support import jit, tl, triton
 
 TILE = 2048  # elements of one program's tile: 4 heads of 512 dims, 16 indexer heads of 128
 
 
-@_jit
+@jit
 def rotate_pairs(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
                  INVERSE: tl.constexpr):
     """x [BLOCK_H, BLOCK_D] fp32 -> pairs (2i, 2i+1) of dims [D - DR, D) turned by cis[i] (by its conjugate
@@ -55,7 +46,7 @@ def rotate_pairs(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl
     return tl.reshape(tl.join(re, im), (BLOCK_H, BLOCK_D))
 
 
-@_jit
+@jit
 def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.constexpr,
            BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
     """Heads h0 .. h0 + BLOCK_H - 1 (< n_heads) of one token: rows of D at in_ptr + h * s_in, written
@@ -71,7 +62,7 @@ def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.con
     tl.store(out_ptr + h[:, None] * s_out + d[None, :], y.to(x.dtype).to(out_ptr.dtype.element_ty), mask=m)
 
 
-@_jit
+@jit
 def _prepare_heads_kernel(
     q_ptr, sq_t, sq_h,  # q [T, HQ, D], last dim contiguous: normed and roped in place
     kv_ptr, skv_t, kvo_ptr, skvo_t,  # kv [T, D] -> kv_out [T, D] (the window cache's dtype)

@@ -27,28 +27,18 @@ C): capturable in a CUDA graph. Configurations are fixed per shape (no autotunin
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the module imports, its kernels cannot run
-    triton = tl = None
-
+from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
 if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
     from tp_runtime.model.step_index import RingIndex
 
 
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _sparse_attn_kernel(
     q_ptr, sq_t, sq_h,  # q [T, H, D], last dim contiguous
     kv_ptr, skv_t,  # this step's window rows [T, D]
@@ -137,7 +127,7 @@ def _sparse_attn_kernel(
         tl.store(part_ml_ptr + row * 2 + 1, den, mask=hmask)
 
 
-@_jit
+@jit
 def _combine_kernel(
     part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32
     sink_ptr, cis_ptr, s_cis, out_ptr, s_out, H, n_splits,
@@ -171,13 +161,6 @@ class AttnConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":  # Triton's interpreter (tests): an H200's count
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int) -> AttnConfig:
@@ -221,7 +204,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     dr = 2 * cis.shape[-1]
     has_comp = compressed is not None and n_comp > 0
     C = n_comp if has_comp else 0
-    cfg = config or attn_config(T, H, W + C, D, _sm_count(q.device))
+    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device))
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)
     block_d = triton.next_power_of_2(D)
