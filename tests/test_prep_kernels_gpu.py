@@ -30,7 +30,7 @@ from conftest import TINY_PATH as TINY
 from tp_runtime.config import ModelConfig, load_config
 from tp_runtime.model.attention import DSV4Attention, heads_torch
 from tp_runtime.model.layers import rms_norm as torch_rms_norm
-from tp_runtime.model.rope import apply_rotary, inv_frequencies
+from tp_runtime.model.rope import inv_frequencies
 from tp_runtime.parallel.group import TPGroup
 
 triton = pytest.importorskip("triton")
@@ -120,9 +120,8 @@ def heads_case(T, n_heads, dtype, seed, pos, D=512, Ih=64, Id=128, dr=64, cis=No
 
 
 def torch_heads(q, kv, idx_q, cis, kv_dtype):
-    """DSV4Attention.prepare's torch composition (heads_torch without the projections)."""
-    return (apply_rotary(torch_rms_norm(q, None, EPS), cis), apply_rotary(kv, cis).to(kv_dtype),
-            None if idx_q is None else apply_rotary(idx_q, cis))
+    """DSV4Attention.prepare's torch composition."""
+    return heads_torch(q, idx_q, kv, cis, EPS, kv_dtype)
 
 
 def run_heads(q, kv, idx_q, cis, kv_dtype):
@@ -210,7 +209,8 @@ def test_layer_stage_a_and_heads_match_the_torch_path(dims, ratio, tp):
     check_close(a.qr, ra.qr)
     check_close(a.kv, ra.kv)
     cis = cis_at(positions(7, "big"), cfg.qk_rope_head_dim)
-    got, ref = layer._heads(layer, ra.qr, ra.kv, cis, dtype), heads_torch(ref_layer, ra.qr, ra.kv, cis, dtype)
+    got = layer._heads(*layer.head_projections(ra.qr), ra.kv, cis, layer.eps, dtype)
+    ref = heads_torch(*ref_layer.head_projections(ra.qr), ra.kv, cis, ref_layer.eps, dtype)
     assert (got[2] is None) == (ratio != 4)
     for g, r in zip(got, ref):
         if r is not None:

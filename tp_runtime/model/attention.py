@@ -151,12 +151,19 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
         graph may capture it. Emits compressed entries and indexer keys into the caches."""
-        q, kv, idx_q = self._heads(self, a.qr, a.kv, b.ix.cis[self.rope_kind], cache.window.dtype)
+        q, kv, idx_q = self._heads(*self.head_projections(a.qr), a.kv, b.ix.cis[self.rope_kind], self.eps,
+                                   cache.window.dtype)
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
         if self.indexer is not None:
             self.indexer.prepare(a.idx_kv, a.idx_score, b, cache)
         return Prepared(q, kv, idx_q, a.idx_w)
+
+    def head_projections(self, qr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """qr [T, Rq] -> q [T, Hl, D] (wq_b) and the indexer query [T, Ih, Id] (ratio 4) or None, unroped:
+        fresh buffers, which the triton path rotates in place."""
+        q = self.wq_b(qr).view(len(qr), self.n_local_heads, self.D)
+        return q, (self.indexer.query(qr) if self.indexer is not None else None)
 
     def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
         """Steps 8-11 for the n real tokens: top-K, candidates, sparse attention with sink, inverse
@@ -197,26 +204,20 @@ class DSV4Attention(nn.Module):
 # ---------------------------------------------------------------- query and key heads of stage B
 
 
-def heads_torch(layer: DSV4Attention, qr: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor,
+def heads_torch(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
                 kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Steps 4-5 and the indexer query on the torch path: qr [T, Rq] (after q_norm), kv [T, D] (after
-    kv_norm), cis [T, Dr/2] -> q [T, Hl, D] per-head normed and roped, kv [T, D] roped in kv_dtype (the
-    window cache's), idx_q [T, Ih, Id] roped (ratio 4; the layer's cis is cis["compressed"]) or None."""
-    q = layer.wq_b(qr).view(len(qr), layer.n_local_heads, layer.D)
-    q = apply_rotary(rms_norm(q, None, layer.eps), cis)
-    kv = apply_rotary(kv, cis).to(kv_dtype)
-    idx_q = apply_rotary(layer.indexer.query(qr), cis) if layer.indexer is not None else None
-    return q, kv, idx_q
+    """Steps 4-5 and the indexer query on the torch path: q [T, Hl, D] per-head normed and roped; kv [T, D]
+    (after kv_norm) roped in kv_dtype (the window cache's); idx_q [T, Ih, Id] (ratio 4) or None roped. cis
+    [T, Dr/2] at each token's position (for ratio 4 cis["compressed"], which the indexer uses too)."""
+    return (apply_rotary(rms_norm(q, None, eps), cis), apply_rotary(kv, cis).to(kv_dtype),
+            apply_rotary(idx_q, cis) if idx_q is not None else None)
 
 
-def heads_triton(layer: DSV4Attention, qr: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor,
+def heads_triton(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
                  kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """heads_torch's results in one launch after the two projections: q and idx_q are rotated in their
-    projections' buffers, kv into a new buffer of the cache's dtype."""
-    q = layer.wq_b(qr).view(len(qr), layer.n_local_heads, layer.D)
-    idx_q = layer.indexer.query(qr) if layer.indexer is not None else None
+    """heads_torch's results in one launch: q and idx_q rotated in place, kv into a new buffer of kv_dtype."""
     kv_out = torch.empty(kv.shape, dtype=kv_dtype, device=kv.device)
-    prepare_heads(q, kv, kv_out, cis, layer.eps, idx_q)
+    prepare_heads(q, kv, kv_out, cis, eps, idx_q)
     return q, kv_out, idx_q
 
 
