@@ -116,6 +116,11 @@ class RuntimeConfig:
     # FP8 tensors (wq_a, wkv, wq_b, wo_a, wo_b, indexer.wq_b) stay float8_e4m3fn with their 128 x 128
     # block scales and run through the FP8 GEMM (ops/linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
     weight_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
+    # bf16: caches hold rows in the run dtype. fp8: as released (ops/cache_fp8.py), the window ring and the
+    # compressed rows hold 448 e4m3 nope dims with a power-of-two scale per 64, the rope dims in bf16
+    # (584 bytes at Flash dims), indexer keys 128 e4m3 values and an fp32 scale (132 bytes); every stored
+    # row is rounded so before attention reads it. CUDA only; the compressor state rings stay fp32.
+    cache_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
     # Stage-B kernels: torch (the plain path, the semantics, any device) | triton (fused kernels of
     # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,
     # else torch). The resolved choice is named in every run report and bench record.
@@ -516,6 +521,14 @@ def validate(cfg: RunConfig) -> None:
     _require(r.weight_format != "fp8" or m.q_lora_rank % 128 == 0, cfg,
              f"'runtime.weight_format'=fp8 fuses wq_a and wkv on 128-row scale blocks: model.q_lora_rank="
              f"{m.q_lora_rank} must be a multiple of 128", "runtime.weight_format", "model.q_lora_rank")
+    _require(r.cache_format != "fp8" or r.device != "cpu", cfg,
+             "'runtime.cache_format'=fp8 stores caches for the CUDA kernels only; runtime.device=cpu (use bf16 there)",
+             "runtime.cache_format", "runtime.device")
+    nope = m.head_dim - m.qk_rope_head_dim
+    _require(r.cache_format != "fp8" or nope % 64 == 0, cfg,
+             f"'runtime.cache_format'=fp8 scales the nope dims in blocks of 64: model.head_dim - model.qk_rope_head_dim "
+             f"= {m.head_dim} - {m.qk_rope_head_dim} = {nope} must be a multiple of 64",
+             "runtime.cache_format", "model.head_dim", "model.qk_rope_head_dim")
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
              f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}",
              "graph.capture_sizes")

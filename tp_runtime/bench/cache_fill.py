@@ -6,6 +6,7 @@ at the same places: window ring rows pos % W for the last min(W, c) positions; c
 the last min(R, c) positions (R = c_factor * r). Values are seeded standard-normal rows, the scale
 of what a prefill stores (RMS-normed cache rows, unit-scale projections). Everything else in those slots
 is zeroed first, so the written rows are exactly the occupied ones. Every rank draws the same values.
+FP8 caches get the same draws, quantized into their byte layout (LayerCache.stored_rows / stored_keys).
 
 `fill_by_prefill` runs the real prefill (chunked, one sequence per step) on the seeded inputs the
 workload generator gives request = slot.
@@ -14,6 +15,7 @@ workload generator gives request = slot.
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 import torch
 
@@ -28,18 +30,27 @@ def _generator(seed: int, layer: int, what: str, device: torch.device) -> torch.
                                                      % (2**63))
 
 
-def _ring_write(ring: torch.Tensor, slots: slice, context: int, g: torch.Generator) -> None:
-    """ring [slots, R, C]: rows of positions max(0, c - R) .. c - 1 at index pos % R."""
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _ring_write(ring: torch.Tensor, slots: slice, context: int, g: torch.Generator, dim: int | None = None,
+                store: Callable[[torch.Tensor], torch.Tensor] = _identity) -> None:
+    """ring [slots, R, C]: rows of positions max(0, c - R) .. c - 1 at index pos % R; rows of `dim` values
+    (default C) drawn, then stored as `store` makes them (FP8 bytes)."""
     n_rows, batch = ring.shape[1], slots.stop - slots.start
     idx = torch.arange(max(0, context - n_rows), context, device=ring.device).remainder(n_rows)
-    vals = torch.randn(batch, idx.numel(), ring.shape[2], generator=g, device=ring.device, dtype=ring.dtype)
-    ring[slots, idx] = vals
+    dt = torch.float32 if ring.dtype == torch.uint8 else ring.dtype
+    vals = torch.randn(batch, idx.numel(), dim or ring.shape[2], generator=g, device=ring.device, dtype=dt)
+    ring[slots, idx] = store(vals)
 
 
-def _prefix_write(rows: torch.Tensor, slots: slice, n: int, g: torch.Generator) -> None:
+def _prefix_write(rows: torch.Tensor, slots: slice, n: int, g: torch.Generator, dim: int | None = None,
+                  store: Callable[[torch.Tensor], torch.Tensor] = _identity) -> None:
     """rows [slots, N, C]: entries 0..n-1 (completed compressed blocks)."""
     batch = slots.stop - slots.start
-    rows[slots, :n] = torch.randn(batch, n, rows.shape[2], generator=g, device=rows.device, dtype=rows.dtype)
+    dt = torch.float32 if rows.dtype == torch.uint8 else rows.dtype
+    rows[slots, :n] = store(torch.randn(batch, n, dim or rows.shape[2], generator=g, device=rows.device, dtype=dt))
 
 
 def _state_write(state: RingState, slots: slice, context: int, g: torch.Generator) -> None:
@@ -65,12 +76,12 @@ def fill_seeded(caches: list[LayerCache], ratios: list[int], batch: int, context
                              "cache slots")
         cache.clear(slots)
         g = _generator(seed, layer, "window", cache.window.device)
-        _ring_write(cache.window, slots, context, g)
+        _ring_write(cache.window, slots, context, g, cache.dim, cache.stored_rows)
         if r:
-            _prefix_write(cache.compressed, slots, context // r, g)
+            _prefix_write(cache.compressed, slots, context // r, g, cache.dim, cache.stored_rows)
             _state_write(cache.comp_state, slots, context, g)
         if r == 4:
-            _prefix_write(cache.index_keys, slots, context // 4, g)
+            _prefix_write(cache.index_keys, slots, context // 4, g, cache.index_dim, cache.stored_keys)
             _state_write(cache.index_state, slots, context, g)
 
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.bench.profile import profile_steps, profile_view, view_table
-from tp_runtime.bench.roofline import model_seconds, step_bytes
+from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import MODES, BenchSettings
 from tp_runtime.config import config_from_dict
 from tp_runtime.engine.plan import SeqChunk, StepPlan
@@ -144,6 +144,7 @@ def _machine(tp: TPGroup, bench_dict: dict) -> dict:
     info = {"device": str(dev), "timer": timer_name(dev), "torch": torch.__version__, "host": platform.node(),
             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"}
     if dev.type == "cuda":
+        info["device_memory_bytes"] = torch.cuda.get_device_properties(dev).total_memory
         info["cuda"] = torch.version.cuda
         v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -389,7 +390,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     cfg = w.cfg
     st = summarize_ms(flat(steps))
     batch, ctx, tp = point["batch"], point["context"], env.tp.size
-    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize, fp8=w.stack.fp8)
+    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize, fp8=w.stack.fp8, fp8_cache=w.stack.fp8_cache)
     ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
     n_layers = len(w.stack.ratios)
     model_ms = model_seconds(nbytes.total, m["roofline_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
@@ -400,7 +401,8 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "graph_captured": bool(w.graph_sets), "replayed_fraction": lane.replayed / n_timed,
            "graphs": {g.kind: g.stats() for g in w.graph_sets},
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
-           "weight_format": cfg.runtime.weight_format, "kernels": w.stack.kernels,
+           "weight_format": cfg.runtime.weight_format, "cache_format": cfg.runtime.cache_format,
+           "kernels": w.stack.kernels, **_memory_fields(cfg, w, tp, ctx, m.get("device_memory_bytes")),
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
            "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,
@@ -427,6 +429,23 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
         if lane.seqs.fill == "prefill":
             rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None
     return rec
+
+
+FIT_CONTEXTS = (4096, 32768, 65536, 131072)  # contexts of the memory-fit table, beside the point's own
+
+
+def _memory_fields(cfg, w, tp: int, ctx: int, device_bytes: int | None) -> dict:
+    """Memory per rank from the stored layout: the lane's weights and caches as allocated (runtime.max_seqs
+    slots x runtime.max_len x layers), and per context the largest batch that fits the device (GPU only)."""
+    rt, elem = cfg.runtime, w.dtype.itemsize
+    mem = memory_per_rank(cfg.model, tp, rt.max_seqs, rt.max_len, elem, w.stack.fp8, w.stack.fp8_cache)
+    fits = None
+    if device_bytes:
+        contexts = sorted(set(FIT_CONTEXTS) | {ctx})
+        fits = {str(c): b for c, b in largest_batches(cfg.model, tp, elem, device_bytes, contexts, w.stack.fp8,
+                                                      w.stack.fp8_cache).items()}
+    return {"weight_bytes_per_rank": mem["weights"], "cache_bytes_per_rank": mem["cache"],
+            "memory_bytes_per_rank": mem["weights"] + mem["cache"], "largest_batch_by_context": fits}
 
 
 def _break_fields(brk: dict | None, step_median: float, full: bool) -> dict:

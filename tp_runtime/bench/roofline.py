@@ -6,7 +6,9 @@ Bytes read per rank and step (each counted once; activations and cache writes ar
   weights  every tensor of the shard table (weights.layer_specs): this rank's share of wq_b, wo_a, wo_b
            and attn_sink (sharded by tp) and the replicated wq_a + wkv, q_norm, kv_norm, attn_norm,
            compressor (r > 0) and indexer (r = 4) tensors, in the run dtype (ape and attn_sink fp32);
-  cache    per sequence and layer, in the cache dtype: the window rows min(W, ctx); r = 4: the selected
+  cache    per sequence and layer, in the stored layout (runtime.cache_format: bf16 rows of D and keys of Id
+           in the run dtype; fp8 rows of row_bytes(D, Dr) = 584 and keys of Id + 4 = 132 bytes at Flash
+           dims, ops/cache_fp8.py): the window rows min(W, ctx); r = 4: the selected
            compressed rows min(K, ctx // 4) and the indexer keys ctx // 4 rows of Id; r = 128: all
            ctx // 128 compressed rows. Every rank reads these whole: the one KV row per token is shared
            by all heads, so the cache does not shrink with tp. (The compressor state, read once per block,
@@ -14,6 +16,9 @@ Bytes read per rank and step (each counted once; activations and cache writes ar
 ctx is the number of tokens in the cache when the step runs (the decode position).
 
     model_s = (weights + cache) / bandwidth + n_layers * allreduce_latency   (tp > 1)
+
+Memory per rank: the weights held plus the caches allocated (model.cache.cache_bytes: slots x max_len x
+layers, state rings included); `largest_batches` is the largest batch per context that fits a device.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from tp_runtime.config import ModelConfig
+from tp_runtime.model.cache import cache_bytes, row_widths
 from tp_runtime.weights.specs import is_fp8_param, layer_specs
 
 FP32 = 4
@@ -55,22 +61,48 @@ def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool
     return total
 
 
-def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int) -> int:
+def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int, fp8_cache: bool = False) -> int:
     """Cache bytes attention reads for one layer at a decode step of `batch` sequences holding ctx tokens."""
-    rows = min(m.sliding_window, ctx) * m.head_dim
+    row, key = row_widths(m, fp8_cache)  # bytes with FP8 caches, elements of `elem` bytes otherwise
+    if not fp8_cache:
+        row, key = row * elem, key * elem
+    nbytes = min(m.sliding_window, ctx) * row
     if ratio == 4:
-        rows += min(m.index_topk, ctx // 4) * m.head_dim + (ctx // 4) * m.index_head_dim
+        nbytes += min(m.index_topk, ctx // 4) * row + (ctx // 4) * key
     elif ratio == 128:
-        rows += (ctx // 128) * m.head_dim
-    return batch * rows * elem
+        nbytes += (ctx // 128) * row
+    return batch * nbytes
 
 
-def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int, fp8: bool = False) -> StepBytes:
+def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int, fp8: bool = False,
+               fp8_cache: bool = False) -> StepBytes:
     """Bytes one rank reads in a decode step over the selected layers (model.layer_ids())."""
     total = StepBytes(0, 0)
     for r in (m.compress_ratios[i] for i in m.layer_ids()):
-        total = total + StepBytes(layer_weight_bytes(m, r, tp, elem, fp8), layer_cache_bytes(m, r, batch, ctx, elem))
+        total = total + StepBytes(layer_weight_bytes(m, r, tp, elem, fp8),
+                                  layer_cache_bytes(m, r, batch, ctx, elem, fp8_cache))
     return total
+
+
+def memory_per_rank(m: ModelConfig, tp: int, slots: int, max_len: int, elem: int, fp8: bool = False,
+                    fp8_cache: bool = False) -> dict[str, int]:
+    """Bytes a rank holds: weights (as in step_bytes) and caches of `slots` sequences of max_len positions."""
+    ratios = [m.compress_ratios[i] for i in m.layer_ids()]
+    weights = sum(layer_weight_bytes(m, r, tp, elem, fp8) for r in ratios)
+    return {"weights": weights, "cache": cache_bytes(m, ratios, slots, max_len, elem, fp8_cache)}
+
+
+def largest_batches(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: list[int], fp8: bool = False,
+                    fp8_cache: bool = False, reserve: float = 0.1) -> dict[int, int]:
+    """Per context (max_len = context), the largest batch whose weights + caches fit in (1 - reserve) of
+    device_bytes; the reserve stands for activations, graph pools and the allocator's slack. 0: none fits."""
+    budget = int(device_bytes * (1 - reserve))
+    out = {}
+    for ctx in contexts:
+        weights = memory_per_rank(m, tp, 0, ctx, elem, fp8, fp8_cache)["weights"]
+        per_slot = memory_per_rank(m, tp, 1, ctx, elem, fp8, fp8_cache)["cache"] // 2  # (1 + trash) slots
+        out[ctx] = max(0, (budget - weights) // per_slot - 1)  # one slot is the trash slot
+    return out
 
 
 def model_seconds(nbytes: int, bytes_per_s: float, n_layers: int, allreduce_s: float, tp: int) -> float:

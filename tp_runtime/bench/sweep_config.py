@@ -34,24 +34,27 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
          "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
          "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
-# A mode may name runtime settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton"):
-# a weight format (runtime.weight_format) and / or stage-B kernels (runtime.kernels). Its lanes run on a
-# shard of their own, interleaved with the other modes' lanes (bf16 vs fp8, torch vs triton in one point).
-LANE_SETTINGS = {"bf16": "weight_format", "fp8": "weight_format", "torch": "kernels", "triton": "kernels"}
+# A mode may name runtime settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+kv_fp8"):
+# a weight format (runtime.weight_format: bf16, fp8), stage-B kernels (runtime.kernels: torch, triton) and / or
+# a cache format (runtime.cache_format: kv_bf16, kv_fp8). Its lanes run on a shard of their own, interleaved
+# with the other modes' lanes (bf16 vs fp8, torch vs triton, bf16 vs fp8 caches in one point).
+LANE_SETTINGS = {"bf16": ("weight_format", "bf16"), "fp8": ("weight_format", "fp8"),
+                 "torch": ("kernels", "torch"), "triton": ("kernels", "triton"),
+                 "kv_bf16": ("cache_format", "bf16"), "kv_fp8": ("cache_format", "fp8")}
 
 
 def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
-    """'full@fp8+triton' -> ('full', {'weight_format': 'fp8', 'kernels': 'triton'}); 'full' -> ('full', {});
-    an unknown setting -> (base, None)."""
+    """'full@fp8+triton' -> ('full', {'weight_format': 'fp8', 'kernels': 'triton'}); 'full@kv_fp8' ->
+    ('full', {'cache_format': 'fp8'}); 'full' -> ('full', {}); an unknown setting -> (base, None)."""
     base, _, rest = mode.partition("@")
     words = [w for w in rest.split("+") if w] if rest else []
     if any(w not in LANE_SETTINGS for w in words):
         return base, None
-    return base, {LANE_SETTINGS[w]: w for w in words}
+    return base, dict(LANE_SETTINGS[w] for w in words)
 
 
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
-RUN_AXES = ("runtime.dtype", "runtime.weight_format")  # plus every model.<field>
+RUN_AXES = ("runtime.dtype", "runtime.weight_format", "runtime.cache_format")  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
 TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
 

@@ -13,6 +13,17 @@ import sys
 
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.driver import RunResult
+from tp_runtime.model.cache import cache_bytes
+
+ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+def cache_bytes_per_rank(cfg: RunConfig, dtype: str) -> int:
+    """Bytes of one rank's caches: runtime.max_seqs slots (+ the trash slot) x runtime.max_len positions x the
+    selected layers, in the stored layout of runtime.cache_format (the caches are replicated over tp)."""
+    m, rt = cfg.model, cfg.runtime
+    ratios = [m.compress_ratios[i] for i in m.layer_ids()]
+    return cache_bytes(m, ratios, rt.max_seqs, rt.max_len, ELEM_BYTES.get(dtype, 4), rt.cache_format == "fp8")
 
 
 def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
@@ -25,6 +36,8 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "device": res.device,
         "dtype": res.dtype,
         "weight_format": cfg.runtime.weight_format,
+        "cache_format": cfg.runtime.cache_format,
+        "cache_bytes_per_rank": cache_bytes_per_rank(cfg, res.dtype),
         "kernels": res.kernels,
         "kernels_requested": cfg.runtime.kernels,
         "graph_mode": cfg.graph.mode if g else "eager",
@@ -61,7 +74,7 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     rec = run_record(cfg, res, command)
     med = rec["decode_step_ms_median"]
     print(f"tp_runtime {command}: tp={rec['tp']} launcher={rec['launcher']} device={rec['device']} "
-          f"dtype={rec['dtype']} kernels={rec['kernels']} graphs={rec['graph_mode']} ({rec['break_scope']}) "
+          f"dtype={rec['dtype']} cache={rec['cache_format']} kernels={rec['kernels']} graphs={rec['graph_mode']} ({rec['break_scope']}) "
           f"layers={rec['layers']}")
     print(f"  requests {rec['completed']} completed, {len(rec['rejected'])} rejected; "
           f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
@@ -73,6 +86,7 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     if rec["graphs"] or rec["steps_by_path"].get("full"):
         paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
         print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")
+    print(f"  caches {rec['cache_bytes_per_rank'] / 2**20:.1f} MiB per rank ({rec['cache_format']})")
     checksum = "NOT FINITE" if rec["output_checksum"] is None else f"{rec['output_checksum']:.6f}"
     print(f"  wall {rec['wall_s']:.3f} s, {rec['tokens_per_s'] or 0:.1f} tokens/s, decode step median "
           f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {checksum}")

@@ -41,6 +41,16 @@ def uses_fp8_weights(cfg: RunConfig, device: torch.device) -> bool:
     return True
 
 
+def uses_fp8_cache(cfg: RunConfig, device: torch.device) -> bool:
+    """runtime.cache_format=fp8, on a CUDA device (the kernels that write and read the FP8 rows in place)."""
+    if cfg.runtime.cache_format != "fp8":
+        return False
+    if device.type != "cuda":
+        raise ConfigError(f"{cfg.source}: 'runtime.cache_format'=fp8 stores caches for the CUDA kernels; this rank "
+                          f"runs on {device}: use cache_format=bf16")
+    return True
+
+
 def buffer_capacity(cfg: RunConfig, oneshot: bool) -> int:
     """Tokens the static buffers hold: a whole prompt (oneshot), else the largest step or capture size."""
     rt = cfg.runtime
@@ -65,7 +75,7 @@ class ModelShard:
         rt, device = cfg.runtime, tp.device
         dtype = resolve_dtype(rt.dtype, device)
         stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, resolve_kernels(rt.kernels, device, dtype),
-                               fp8=uses_fp8_weights(cfg, device))
+                               fp8=uses_fp8_weights(cfg, device), fp8_cache=uses_fp8_cache(cfg, device))
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         # This rank's parameter bytes as held (FP8 values and scale bytes, or the run dtype): load_param_bytes.
         load_report.setdefault("param_bytes", sum(p.numel() * p.element_size() for p in stack.parameters()))

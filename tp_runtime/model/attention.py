@@ -32,6 +32,7 @@ from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
 from tp_runtime.model.rope import apply_rotary
 from tp_runtime.model.step_index import RingIndex
+from tp_runtime.ops.cache_fp8 import dequantize_rows, quantize_rows, row_bytes
 from tp_runtime.ops.linear import fp8_linear, grouped_linear
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
@@ -55,7 +56,7 @@ class Prepared(NamedTuple):
     """Stage-B products that need only device metadata (capturable in the narrow scope)."""
 
     q: torch.Tensor  # [T, Hl, D] per-head normed, roped
-    kv: torch.Tensor  # [T, D] roped, cache dtype: this step's window rows
+    kv: torch.Tensor  # [T, D] roped, cache dtype: this step's window rows (FP8 caches: uint8 [T, row bytes])
     idx_q: torch.Tensor | None  # [T, Ih, Id] roped indexer query (r = 4)
     idx_w: torch.Tensor | None  # [T, Ih] indexer head weights (r = 4)
 
@@ -207,16 +208,22 @@ class DSV4Attention(nn.Module):
 def heads_torch(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
                 kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Steps 4-5 and the indexer query on the torch path: q [T, Hl, D] per-head normed and roped; kv [T, D]
-    (after kv_norm) roped in kv_dtype (the window cache's); idx_q [T, Ih, Id] (ratio 4) or None roped. cis
-    [T, Dr/2] at each token's position (for ratio 4 cis["compressed"], which the indexer uses too)."""
-    return (apply_rotary(rms_norm(q, None, eps), cis), apply_rotary(kv, cis).to(kv_dtype),
-            apply_rotary(idx_q, cis) if idx_q is not None else None)
+    (after kv_norm) roped in kv_dtype (the window cache's; uint8: FP8 rows [T, row bytes] quantized from the
+    roped row in kv's dtype, so this step's readers see exactly what the ring will hold); idx_q [T, Ih, Id]
+    (ratio 4) or None roped. cis [T, Dr/2] at each token's position (for ratio 4 cis["compressed"], which the
+    indexer uses too)."""
+    kv = apply_rotary(kv, cis)
+    kv = quantize_rows(kv, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else kv.to(kv_dtype)
+    return apply_rotary(rms_norm(q, None, eps), cis), kv, apply_rotary(idx_q, cis) if idx_q is not None else None
 
 
 def heads_triton(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
                  kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """heads_torch's results in one launch: q and idx_q rotated in place, kv into a new buffer of kv_dtype."""
-    kv_out = torch.empty(kv.shape, dtype=kv_dtype, device=kv.device)
+    """heads_torch's results in one launch: q and idx_q rotated in place, kv into a new buffer of kv_dtype
+    (uint8: FP8 rows, quantized in the kernel)."""
+    T, D = kv.shape
+    width = row_bytes(D, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else D
+    kv_out = torch.empty(T, width, dtype=kv_dtype, device=kv.device)
     prepare_heads(q, kv, kv_out, cis, eps, idx_q)
     return q, kv_out, idx_q
 
@@ -231,7 +238,8 @@ def sparse_attention_torch(q: torch.Tensor, kv: torch.Tensor, window: torch.Tens
     """Steps 9-11 for T tokens on the torch path: gather each token's candidates (its W window rows,
     oldest first, then its compressed rows), sparse attention with sink, inverse rotary; o into out [T, Hl*D].
 
-    q [T, Hl, D]; kv [T, D] this step's rows (the ring must not yet hold them); window [slots, W, D];
+    q [T, Hl, D]; kv [T, D] this step's rows (the ring must not yet hold them); window [slots, W, D]
+    (with FP8 caches kv, window and compressed hold uint8 rows of row bytes, dequantized once gathered);
     ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only);
     slot [T]; picks [T, C] (ratio 4: the indexer's picks, -1 = none) or None (ratio 128: every entry
     < n_done[t] of the first n_comp); n_done [T]; n_comp: C; sink [Hl] fp32; cis [T, Dr/2] at pos.
@@ -251,6 +259,8 @@ def sparse_attention_torch(q: torch.Tensor, kv: torch.Tensor, window: torch.Tens
                 ok = idx < n_done[s:e, None]
             crow = compressed[slot[s:e, None], idx]
             rows, valid = torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+        if rows.dtype == torch.uint8:  # FP8 rows -> the run dtype (exact)
+            rows = dequantize_rows(rows, D, 2 * cis.shape[-1], q.dtype)
         o[s:e] = sparse_attention(q[s:e], rows, valid, sink, scale).to(o.dtype)
     out.copy_(apply_rotary(o, cis, inverse=True).flatten(1))
 

@@ -8,6 +8,9 @@ DSV4 attention has a single shared KV row per token (K = V), so caches are not s
 every rank of the TP group holds the same caches. Layout per slot and layer (spec section 4):
 window ring [W, D]; compressed rows [ceil(max_len / r), D]; compressor state ring [c*r, c*D] of kv
 and gated score (fp32); for r = 4 also indexer keys [ceil(max_len / 4), Id] and their own state.
+With FP8 caches (runtime.cache_format=fp8) the window ring and the compressed rows are uint8 rows of
+row_bytes(D, Dr) (584 at Flash dims) and the indexer keys uint8 rows of Id + 4 (132): ops/cache_fp8.py.
+The state rings stay fp32 either way.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tp_runtime.config import ModelConfig, compressed_len
+from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes
 
 
 def ring_length(ratio: int) -> int:
@@ -46,6 +50,21 @@ class LayerCache:
     comp_state: RingState | None = None
     index_keys: torch.Tensor | None = None  # [slots, ceil(max_len / 4), Id]
     index_state: RingState | None = None
+    dim: int = 0  # D of an attention row (as computed; FP8 rows store it in more bytes)
+    rope_dim: int = 0  # Dr, the bf16 tail of an FP8 row
+    index_dim: int = 0  # Id of an indexer key
+
+    @property
+    def fp8(self) -> bool:
+        return self.window.dtype == torch.uint8
+
+    def stored_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention rows x [..., D] as window / compressed store them (FP8 bytes, or the cache dtype)."""
+        return quantize_rows(x, self.rope_dim) if self.fp8 else x.to(self.window.dtype)
+
+    def stored_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """Indexer keys x [..., Id] as index_keys stores them."""
+        return quantize_keys(x) if self.fp8 else x.to(self.index_keys.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         out = [self.window, self.compressed, self.index_keys]
@@ -60,16 +79,44 @@ class LayerCache:
             t[slots].zero_()
 
 
+def row_widths(cfg: ModelConfig, fp8: bool) -> tuple[int, int]:
+    """Last dims of an attention row and of an indexer key as stored: bytes with FP8 caches, else elements."""
+    if fp8:
+        return row_bytes(cfg.head_dim, cfg.qk_rope_head_dim), key_bytes(cfg.index_head_dim)
+    return cfg.head_dim, cfg.index_head_dim
+
+
 def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int, dtype: torch.dtype,
-                         device: torch.device) -> LayerCache:
-    """Caches with slots + 1 rows: the last is the trash slot that padding and discarded writes use."""
+                         device: torch.device, fp8: bool = False) -> LayerCache:
+    """Caches with slots + 1 rows: the last is the trash slot that padding and discarded writes use.
+    fp8: the released byte layouts (uint8) for window, compressed rows and indexer keys."""
     D, slots = cfg.head_dim, slots + 1
-    cache = LayerCache(window=torch.zeros(slots, cfg.sliding_window, D, dtype=dtype, device=device))
+    row, key = row_widths(cfg, fp8)
+    dt = torch.uint8 if fp8 else dtype
+    cache = LayerCache(window=torch.zeros(slots, cfg.sliding_window, row, dtype=dt, device=device),
+                       dim=D, rope_dim=cfg.qk_rope_head_dim, index_dim=cfg.index_head_dim)
     if ratio:
-        cache.compressed = torch.zeros(slots, compressed_len(max_len, ratio), D, dtype=dtype, device=device)
+        cache.compressed = torch.zeros(slots, compressed_len(max_len, ratio), row, dtype=dt, device=device)
         cache.comp_state = RingState.empty(slots, ratio, D, device)
     if ratio == 4:
         Id = cfg.index_head_dim
-        cache.index_keys = torch.zeros(slots, compressed_len(max_len, 4), Id, dtype=dtype, device=device)
+        cache.index_keys = torch.zeros(slots, compressed_len(max_len, 4), key, dtype=dt, device=device)
         cache.index_state = RingState.empty(slots, 4, Id, device)
     return cache
+
+
+def cache_bytes(cfg: ModelConfig, ratios: list[int], slots: int, max_len: int, elem: int, fp8: bool) -> int:
+    """Bytes allocate_layer_cache holds for these layers (slots + the trash slot, every tensor, state rings
+    fp32): the memory a rank's caches take, from the stored layout (elem: bytes of the run dtype)."""
+    row, key = row_widths(cfg, fp8)
+    row_b, key_b = (row, key) if fp8 else (row * elem, key * elem)
+    total = 0
+    for r in ratios:
+        n = cfg.sliding_window * row_b
+        if r:
+            R = ring_length(r)
+            n += compressed_len(max_len, r) * row_b + 2 * R * (R // r) * cfg.head_dim * 4
+        if r == 4:
+            n += compressed_len(max_len, 4) * key_b + 2 * 8 * 2 * cfg.index_head_dim * 4
+        total += n
+    return total * (slots + 1)

@@ -5,7 +5,8 @@ inputs, projected from x) is part of the layer's fused x GEMM (attention.x_proje
 the indexer query from qr (the layer rotates it together with its own q and kv, at the same angles),
 lets the compressor emit keys, scores every valid entry and selects the top K.
 The reference's Hadamard rotation and FP4 simulation cancel or vanish in exact arithmetic and are skipped
-(spec section 3, step 8).
+(spec section 3, step 8). With FP8 caches the keys are stored as e4m3 with one fp32 scale each and the
+scores read them so (the rounded keys), as the released model does.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Indexer(nn.Module):
         super().__init__()
         self.n_heads, self.head_dim, self.topk = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device, fp8)
-        self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device, kernels)
+        self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device, kernels, store="key")
         # Scores and top-K (ops/select.py): torch_path's or the Triton kernels'; same signature and meaning.
         self._topk = triton_indexer_topk if kernels == "triton" else indexer_topk
 

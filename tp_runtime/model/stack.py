@@ -30,12 +30,14 @@ class Block(nn.Module):
 
 class AttentionStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device,
-                 kernels: str = "torch", fp8: bool = False):
+                 kernels: str = "torch", fp8: bool = False, fp8_cache: bool = False):
         """kernels: the resolved stage-B kernels ('torch' | 'triton', ops/select.py `resolve_kernels`);
-        fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8)."""
+        fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8);
+        fp8_cache: caches in the released FP8 layouts (runtime.cache_format=fp8; the layers follow the
+        caches they are given)."""
         super().__init__()
         self.cfg, self.tp, self.dtype, self.device = cfg, tp, dtype, device
-        self.kernels, self.fp8 = kernels, fp8
+        self.kernels, self.fp8, self.fp8_cache = kernels, fp8, fp8_cache
         self.layer_ids = cfg.layer_ids()
         self.ratios = [cfg.compress_ratios[i] for i in self.layer_ids]
         max_pos = max_len + 1  # positions 0..max_len-1 and compressed-entry positions i*r <= max_len
@@ -45,7 +47,8 @@ class AttentionStack(nn.Module):
             str(i): Block(cfg, r, tp, dtype, device, kernels, fp8) for i, r in zip(self.layer_ids, self.ratios)})
 
     def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
-        return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device) for r in self.ratios]
+        return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device, self.fp8_cache)
+                for r in self.ratios]
 
     def attn_out_width(self) -> int:
         """Width of the eager break's output buffer: Hl * D."""

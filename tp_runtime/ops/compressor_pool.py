@@ -128,7 +128,7 @@ def _state_kernel(
 
 
 def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
-                  blk: BlockIndex, ring: RingIndex, state: RingState, out: torch.Tensor) -> None:
+                  blk: BlockIndex, ring: RingIndex, state: RingState, out: torch.Tensor, store: str = "plain") -> None:
     """Stage B of a compressor for T tokens: the entries of tokens that complete a block into out, then
     this step's rows into the state rings. Two launches.
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import dequantize_keys
+
 if TYPE_CHECKING:  # ops take plain tensors and index tuples; nothing of the model is imported at run time
     from tp_runtime.model.step_index import RingIndex
 
@@ -41,8 +43,8 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
                  n_keys: int, k: int) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
-    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id], slot [T] each token's cache slot;
-    token t may pick s < n_valid[t].
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys, read
+    dequantized), slot [T] each token's cache slot; token t may pick s < n_valid[t].
     I[t, s] = sum_h w[t, h] * Id^-0.5 * Ih^-0.5 * relu(q[t, h] . k[s]). Ties go to the lower index
     (stable sort) so that every implementation picks the same set.
     """
@@ -54,7 +56,8 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     scale = dim ** -0.5 * n_heads ** -0.5
     ar = torch.arange(n_keys, device=q.device)
     for s, e in token_chunks(n_tok, n_keys * max(n_heads, dim)):
-        kk = keys[slot[s:e], :n_keys].float()  # [t, N, Id]
+        kk = keys[slot[s:e], :n_keys]  # [t, N, Id] (uint8 [t, N, Id + 4] with FP8 keys)
+        kk = dequantize_keys(kk, dim) if kk.dtype == torch.uint8 else kk.float()
         logits = torch.einsum("thd,tnd->thn", q[s:e].float(), kk).relu_()
         score = torch.einsum("thn,th->tn", logits, w[s:e].float()) * scale
         score.masked_fill_(ar[None] >= n_valid[s:e, None], float("-inf"))

@@ -2,7 +2,8 @@
 
     tp_vs_tp1               the configured tp and launcher against tp = 1 in this process
     incremental_vs_oneshot  chunked prefill + decode against each sequence prefilled whole (tp = 1)
-    vs_reference            the configured run against the plain float64 oracle (reference.py)
+    vs_reference            the configured run against the plain float64 oracle (reference.py), whose cached
+                            rows are rounded as the run's runtime.cache_format stores them
     graph_vs_eager          (GPU, graph.mode=breakable) graph replay against the eager run of the same scope
     full_vs_eager           (graph.mode=full or full_and_breakable) the run whose decode-only steps take the
                             static full-graph path (replayed on a GPU, run eagerly on a CPU) against eager
@@ -10,6 +11,10 @@
 The error of a comparison is max over requests and tokens of ||a_t - b_t|| / ||b_t||. A NaN or
 infinite value on either side fails the comparison, naming the side, the request and its first
 non-finite position (an error computed from it would be NaN, which no tolerance test catches).
+
+With FP8 caches the report also carries `measured.fp8_vs_bf16_cache`: the same run with bf16 caches
+against the FP8 one, and the FP8 run against the oracle that does not round: what storing the caches
+in FP8 costs the outputs. It is measured, not held to a tolerance.
 """
 
 from __future__ import annotations
@@ -36,6 +41,21 @@ from tp_runtime.weights.fill import fill_weights, full_tensors
 #           accumulate over the stack, and rounding can flip a borderline top-K pick, moving one of
 #           hundreds of candidates; 3e-2 bounds that while a mathematical error still shows as >1e-1.
 TOLERANCES = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 3e-2}
+# With FP8 caches (runtime.cache_format=fp8), against the oracle that rounds its cached rows the same way.
+# The run and the oracle round slightly different values (fp32 or bf16 arithmetic against float64): an
+# element within that difference of an e4m3 rounding midpoint goes the other way, one e4m3 step (at most
+# 2^-3 of its value). In float32 that is ~3e-5 of the elements (error ~1e-6 over a step of 2^-4); a
+# few such flips over a run move an output by up to ~1e-2 (tiny dims, 6 layers, 6 requests: 6.2e-3
+# measured; 2e-7 for the runs with no flip), so 1e-2. A wrong rounding rule (unrounded in-step rows,
+# e4m3 rope dims, non-power-of-two scales) moves outputs by the rounding itself, which is what the bf16-
+# cache run differs by: 4e-2 .. 2.6e-1 on the same scenario. float64 runs still pool and quantize in
+# fp32, hence float32's bound. In bfloat16 a few percent of the elements flip; the bf16 tolerance stands.
+FP8_CACHE_TOLERANCES = {"float64": 1e-2, "float32": 1e-2, "bfloat16": 3e-2}
+
+
+def tolerance(dtype: str, cache_format: str) -> float:
+    """The per-token relative error allowed between equal computations in `dtype` with these caches."""
+    return FP8_CACHE_TOLERANCES[dtype] if cache_format == "fp8" else TOLERANCES[dtype]
 
 
 def max_rel_err(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
@@ -79,8 +99,9 @@ def _variant(cfg: RunConfig, **changes: dict) -> RunConfig:
     return out
 
 
-def reference_outputs(cfg: RunConfig, requests: list[int]) -> dict[int, torch.Tensor]:
-    """The oracle's final hidden states per request, float64, on the run's device."""
+def reference_outputs(cfg: RunConfig, requests: list[int], cache_format: str | None = None) -> dict[int, torch.Tensor]:
+    """The oracle's final hidden states per request, float64, on the run's device; its cached rows rounded
+    as `cache_format` (default: the run's runtime.cache_format) stores them."""
     device = resolve_device(cfg.runtime.device)
     dtype = resolve_dtype(cfg.runtime.dtype, device)
     stack = AttentionStack(cfg.model, single_process(device), cfg.runtime.max_len, dtype, device,
@@ -97,7 +118,7 @@ def reference_outputs(cfg: RunConfig, requests: list[int]) -> dict[int, torch.Te
         for r in workload.requests:
             if r.id in requests:
                 x = workload.request_inputs(r, device, dtype).double()
-                out[r.id] = reference_stack(x, w, cfg.model).cpu()
+                out[r.id] = reference_stack(x, w, cfg.model, cache_format or cfg.runtime.cache_format).cpu()
     return out
 
 
@@ -106,7 +127,7 @@ def run_check(cfg: RunConfig) -> dict:
     eager1 = _variant(cfg, parallel={"tp": 1, "launcher": "local"}, graph={"mode": "eager"})
     tp1 = in_process(eager1, keep_outputs=True)
     oneshot = in_process(eager1, oneshot=True, keep_outputs=True)
-    tol = TOLERANCES[main.dtype]
+    tol = tolerance(main.dtype, cfg.runtime.cache_format)
     run = f"tp={cfg.parallel.tp} {cfg.parallel.launcher}"
     comparisons = {
         "tp_vs_tp1": compare(main.outputs, tp1.outputs, (run, "tp=1"), tol),
@@ -125,6 +146,7 @@ def run_check(cfg: RunConfig) -> dict:
         # rounding. In bf16 a reordered indexer score may flip a borderline top-K pick, as in tp_vs_tp1.
         comparisons["full_vs_eager"] = compare(main.outputs, eager.outputs, (f"{run} full graphs", f"{run} eager"),
                                                tol)
+    measured = _fp8_cache_cost(cfg, main.outputs) if cfg.runtime.cache_format == "fp8" else {}
     return {
         "command": "check",
         # Nothing completed (every request rejected) is nothing checked: not a pass.
@@ -139,4 +161,14 @@ def run_check(cfg: RunConfig) -> dict:
         "requests": len(main.outputs),
         "rejected": [r.reason for r in main.rejected],
         "comparisons": comparisons,
+        "measured": measured,
     }
+
+
+def _fp8_cache_cost(cfg: RunConfig, fp8_outputs: dict[int, torch.Tensor]) -> dict:
+    """What FP8 caches change in the outputs: the run with bf16 caches (same launcher, graphs and kernels)
+    and the unrounded oracle, each against the FP8 run. Reported, never failed: the size of the rounding."""
+    bf16 = launch(_variant(cfg, runtime={"cache_format": "bf16"}), keep_outputs=True)
+    return {"fp8_vs_bf16_cache": {"max_rel_err": max_rel_err(fp8_outputs, bf16.outputs)},
+            "fp8_vs_unrounded_reference": {
+                "max_rel_err": max_rel_err(fp8_outputs, reference_outputs(cfg, list(fp8_outputs), "bf16"))}}

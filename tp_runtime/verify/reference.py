@@ -3,6 +3,12 @@
 No caches, no rings, no chunks, no tensor parallelism: every layer sees a request's full history
 [L, hidden] at once, with dense masks. Weights come by checkpoint name (`weights.full_tensors`),
 usually upcast to float64. Slow on purpose; used only by tests and `tp-runtime check`.
+
+With FP8 caches (cache_format="fp8") the oracle rounds what the runtime stores, where it is stored, as
+the released model simulates it: each attention row's nope dims (the kv row after rotary and each
+compressed entry) in blocks of 64 to e4m3 with a power-of-two scale, its rope dims to bf16; each indexer
+key whole to e4m3 with one power-of-two scale. Written here from the spec (the scale 2^ceil(log2(amax /
+448)), torch's e4m3 cast), not from ops/cache_fp8.py's bit operations.
 """
 
 from __future__ import annotations
@@ -50,6 +56,28 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, freqs: torch.Tensor, sign: float =
     return y
 
 
+def _e4m3_round(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [..., n] rounded as stored: per block of `block` values s = 2^ceil(log2(amax / 448)) (1 for a zero
+    block), x / s to the nearest e4m3 value, times s."""
+    b = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    amax = b.abs().amax(-1, keepdim=True)
+    s = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / 448.0))), torch.ones_like(amax))
+    q = (b / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype)
+    return (q * s).reshape(x.shape)
+
+
+def _stored_row(x: torch.Tensor, dr: int, fp8: bool) -> torch.Tensor:
+    """An attention row [..., D] as the cache gives it back: nope dims e4m3 per 64, rope dims bf16."""
+    if not fp8:
+        return x
+    return torch.cat((_e4m3_round(x[..., :-dr], 64), x[..., -dr:].to(torch.bfloat16).to(x.dtype)), dim=-1)
+
+
+def _stored_key(x: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """An indexer key [..., Id] as the cache gives it back: e4m3 with one scale for the whole key."""
+    return _e4m3_round(x, x.shape[-1]) if fp8 else x
+
+
 def _compress(x: torch.Tensor, w: Weights, p: str, r: int, dim: int, eps: float, freqs: torch.Tensor) -> torch.Tensor:
     """Entries [L // r, dim] of the completed blocks of one sequence."""
     kv = x @ w[p + "wkv.weight"].T
@@ -70,11 +98,11 @@ def _compress(x: torch.Tensor, w: Weights, p: str, r: int, dim: int, eps: float,
     return _rope(e, torch.arange(len(e), device=x.device) * r, freqs)
 
 
-def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs) -> torch.Tensor:
+def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool = False) -> torch.Tensor:
     """[L, L // 4] bool: the top-K valid compressed entries of each token (ties: lower index)."""
     L, Ih, Id = len(x), cfg.index_n_heads, cfg.index_head_dim
     pos = torch.arange(L, device=x.device)
-    keys = _compress(x, w, a + "indexer.compressor.", 4, Id, cfg.rms_norm_eps, freqs)
+    keys = _stored_key(_compress(x, w, a + "indexer.compressor.", 4, Id, cfg.rms_norm_eps, freqs), fp8)
     q = _rope((qr @ w[a + "indexer.wq_b.weight"].T).view(L, Ih, Id), pos, freqs)
     hw = x @ w[a + "indexer.weights_proj.weight"].T  # [L, Ih]
     score = torch.einsum("th,ths->ts", hw, torch.relu(torch.einsum("thd,sd->ths", q, keys))) / math.sqrt(Id * Ih)
@@ -86,21 +114,24 @@ def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs) -> torch.T
     return mask & valid
 
 
-def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: int) -> torch.Tensor:
-    """One layer on a whole sequence: x [L, hidden] (already attn_norm'ed) -> [L, hidden]."""
+def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: int,
+                        cache_format: str = "bf16") -> torch.Tensor:
+    """One layer on a whole sequence: x [L, hidden] (already attn_norm'ed) -> [L, hidden]. cache_format
+    "fp8": cached rows and keys rounded as the FP8 caches store them."""
+    fp8, dr = cache_format == "fp8", cfg.qk_rope_head_dim
     a, r, eps = f"layers.{layer}.attn.", cfg.compress_ratios[layer], cfg.rms_norm_eps
     L, H, D, G = len(x), cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
     pos = torch.arange(L, device=x.device)
     freqs = _frequencies(cfg, compressed=r > 0)
     qr = _rms(x @ w[a + "wq_a.weight"].T, w[a + "q_norm.weight"], eps)
-    kv = _rope(_rms(x @ w[a + "wkv.weight"].T, w[a + "kv_norm.weight"], eps), pos, freqs)
+    kv = _stored_row(_rope(_rms(x @ w[a + "wkv.weight"].T, w[a + "kv_norm.weight"], eps), pos, freqs), dr, fp8)
     q = _rope(_rms((qr @ w[a + "wq_b.weight"].T).view(L, H, D), None, eps), pos, freqs)
     keys = kv
     mask = (pos[None] <= pos[:, None]) & (pos[None] > pos[:, None] - cfg.sliding_window)  # window [L, L]
     if r:
-        entries = _compress(x, w, a + "compressor.", r, D, eps, freqs)
+        entries = _stored_row(_compress(x, w, a + "compressor.", r, D, eps, freqs), dr, fp8)
         if r == 4:
-            cmask = _indexer_mask(x, qr, w, a, cfg, freqs)
+            cmask = _indexer_mask(x, qr, w, a, cfg, freqs, fp8)
         else:
             cmask = torch.arange(len(entries), device=x.device)[None] < ((pos + 1) // r)[:, None]
         keys, mask = torch.cat((kv, entries)), torch.cat((mask, cmask), dim=1)
@@ -114,9 +145,10 @@ def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: in
     return z @ w[a + "wo_b.weight"].T
 
 
-def reference_stack(x: torch.Tensor, w: Weights, cfg: ModelConfig) -> torch.Tensor:
+def reference_stack(x: torch.Tensor, w: Weights, cfg: ModelConfig, cache_format: str = "bf16") -> torch.Tensor:
     """The selected layers with pre-norm and residual: inputs [L, hidden] -> final hidden [L, hidden]."""
     h = x
     for i in cfg.layer_ids():
-        h = h + reference_attention(_rms(h, w[f"layers.{i}.attn_norm.weight"], cfg.rms_norm_eps), w, cfg, i)
+        h = h + reference_attention(_rms(h, w[f"layers.{i}.attn_norm.weight"], cfg.rms_norm_eps), w, cfg, i,
+                                    cache_format)
     return h

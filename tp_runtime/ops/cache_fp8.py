@@ -1,0 +1,226 @@
+"""FP8 cache rows as released: the byte layouts, their torch quantize / dequantize, and the Triton helpers
+that read and write them in place.
+
+Attention row of D = Dn + Dr dims (Flash: Dn 448, Dr 64), stored as uint8 [..., row_bytes(D, Dr)]:
+
+    bytes [0, Dn)                     the nope dims as e4m3, each block of 64 divided by its scale
+    bytes [Dn, Dn + 2*Dr)             the rope dims as bf16 (little-endian)
+    bytes [Dn + 2*Dr, + Dn/64)        one e8m0 scale per 64 nope dims: byte v means 2^(v - 127)
+    then zeros up to a multiple of 8  (Flash: 448 + 128 + 7 -> 584)
+
+Indexer key of Id dims (Flash: 128), uint8 [..., key_bytes(Id)]: Id e4m3 values, then one fp32 scale
+(a power of two, little-endian): 132 bytes.
+
+Scale of a block: the smallest power of two s with amax / s <= 448 (e4m3's largest finite value),
+found from amax's fp32 bits (exponent E, mantissa M: 448 = 1.75 * 2^8, so s = 2^(E - 135) when
+1 + M / 2^23 <= 1.75, else twice that), exponent clamped to [-126, 126]; an all-zero block gets s = 1.
+Values are x / s (exact: s is a power of two) rounded to nearest e4m3, ties to even. Dequantized values
+(e4m3 * 2^k, bf16) are exact in bf16 and fp32. The torch functions and the Triton helpers compute the
+same bytes: the kernels encode and decode e4m3 with integer bit operations (Triton's interpreter rounds
+its native fp8 cast differently), which round like torch's float8_e4m3fn cast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tp_runtime.ops.kernel_support import jit, tl
+
+E4M3_MAX = 448.0
+BLOCK = 64  # nope dims per e8m0 scale
+KEY_SCALE_BYTES = 4  # one fp32 scale per indexer key
+
+
+def row_bytes(dim: int, rope_dim: int) -> int:
+    """Bytes of one attention row: Dn e4m3 + 2*Dr bf16 + Dn/64 scales, padded to a multiple of 8."""
+    nope = dim - rope_dim
+    if nope <= 0 or nope % BLOCK:
+        raise ValueError(f"FP8 cache rows need nope dims (head_dim - qk_rope_head_dim = {dim} - {rope_dim} = "
+                         f"{nope}) to be a positive multiple of {BLOCK}")
+    return -(-(nope + 2 * rope_dim + nope // BLOCK) // 8) * 8
+
+
+def key_bytes(dim: int) -> int:
+    """Bytes of one indexer key: Id e4m3 values + one fp32 scale."""
+    return dim + KEY_SCALE_BYTES
+
+
+# ---------------------------------------------------------------- torch
+
+
+def pow2_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """k [...] int32 of the smallest power of two 2^k with amax / 2^k <= 448; 0 where amax == 0."""
+    bits = amax.float().contiguous().view(torch.int32)
+    k = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    return torch.where(amax == 0, torch.zeros_like(k), k).clamp(-126, 126)
+
+
+def pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as fp32 for int32 k in [-126, 127], from the exponent bits (exact)."""
+    return ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def _e4m3(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x [..., n] fp32 divided by 2^k [..., 1] (exact), rounded to e4m3 bytes [..., n]."""
+    return (x * pow2(-k)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def quantize_rows(x: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """Attention rows x [..., D] (any float dtype) -> uint8 [..., row_bytes(D, rope_dim)]."""
+    D = x.shape[-1]
+    nope, lead = D - rope_dim, x.shape[:-1]
+    nb = row_bytes(D, rope_dim)
+    blocks = x[..., :nope].float().reshape(*lead, nope // BLOCK, BLOCK)  # [..., Dn/64, 64]
+    k = pow2_exponent(blocks.abs().amax(-1))  # [..., Dn/64]
+    codes = _e4m3(blocks, k[..., None]).reshape(*lead, nope)
+    rope = x[..., nope:].to(torch.bfloat16).contiguous().view(torch.uint8)  # [..., 2*Dr]
+    pad = torch.zeros(*lead, nb - nope - 2 * rope_dim - nope // BLOCK, dtype=torch.uint8, device=x.device)
+    return torch.cat((codes, rope, (k + 127).to(torch.uint8), pad), dim=-1)
+
+
+def dequantize_rows(b: torch.Tensor, dim: int, rope_dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 rows [..., row_bytes(dim, rope_dim)] -> [..., dim] in dtype (exact for bf16, fp32, fp64)."""
+    nope, lead = dim - rope_dim, b.shape[:-1]
+    scales = pow2(b[..., nope + 2 * rope_dim: nope + 2 * rope_dim + nope // BLOCK].to(torch.int32) - 127)
+    vals = b[..., :nope].contiguous().view(torch.float8_e4m3fn).float().reshape(*lead, nope // BLOCK, BLOCK)
+    rope = b[..., nope: nope + 2 * rope_dim].contiguous().view(torch.bfloat16).float()
+    return torch.cat(((vals * scales[..., None]).reshape(*lead, nope), rope), dim=-1).to(dtype)
+
+
+def quantize_keys(x: torch.Tensor) -> torch.Tensor:
+    """Indexer keys x [..., Id] -> uint8 [..., Id + 4]: e4m3 values and their fp32 power-of-two scale."""
+    xf = x.float()
+    k = pow2_exponent(xf.abs().amax(-1, keepdim=True))  # [..., 1]
+    return torch.cat((_e4m3(xf, k), pow2(k).contiguous().view(torch.uint8)), dim=-1)
+
+
+def dequantize_keys(b: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 keys [..., Id + 4] -> [..., Id] in dtype (exact)."""
+    scale = b[..., dim: dim + KEY_SCALE_BYTES].contiguous().view(torch.float32)  # [..., 1]
+    return (b[..., :dim].contiguous().view(torch.float8_e4m3fn).float() * scale).to(dtype)
+
+
+def round_rows(x: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """What a row becomes once stored and read back (quantize, dequantize), in x's dtype."""
+    return dequantize_rows(quantize_rows(x, rope_dim), x.shape[-1], rope_dim, x.dtype)
+
+
+def round_keys(x: torch.Tensor) -> torch.Tensor:
+    return dequantize_keys(quantize_keys(x), x.shape[-1], x.dtype)
+
+
+# ---------------------------------------------------------------- Triton helpers (registers <-> bytes)
+
+
+@jit
+def e4m3_decode(b):
+    """e4m3 bytes (int32 in [0, 256)) -> fp32 values (exact)."""
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = ((e + 120) << 23) | (m << 20)  # exponent rebiased 7 -> 127, mantissa 3 -> 23 bits
+    v = tl.where(e > 0, normal.to(tl.float32, bitcast=True), m.to(tl.float32) * 0.001953125)  # subnormal m * 2^-9
+    return tl.where((b & 128) != 0, -v, v)
+
+
+@jit
+def e4m3_encode(x):
+    """fp32 values with |x| <= 448 -> e4m3 bytes (int32), rounded to nearest, ties to even."""
+    bits = x.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    # normal e4m3 (|x| >= 2^-6): round the 23-bit mantissa to 3 bits (a carry moves the exponent), rebias
+    r = a + 0x7FFFF + ((a >> 20) & 1)
+    normal = (r >> 20) - (120 << 3)
+    # subnormal e4m3: q * 2^-9 with q = |x| * 2^9 rounded; from the 24-bit significand shifted right
+    full = (a & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(141 - (a >> 23), 30)
+    q = full >> shift
+    rem = full & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    sub = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    code = tl.where(a >= 0x3C800000, normal, sub)
+    return tl.where(bits < 0, code | 128, code)
+
+
+@jit
+def pow2_exp(amax):
+    """fp32 amax >= 0 -> int32 k of the smallest 2^k with amax / 2^k <= 448 (0 for a zero amax)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    k = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    k = tl.where(amax == 0.0, 0, k)
+    return tl.minimum(tl.maximum(k, -126), 126)
+
+
+@jit
+def exp2_int(k):
+    """2^k as fp32 for int32 k in [-126, 127] (exact)."""
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@jit
+def bf16_bits(x):
+    """fp32 -> the 16 bits of its bf16 rounding (nearest, ties to even), int32 in [0, 65536)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+@jit
+def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr):
+    """Attention rows read in place: ptr [N] uint8 pointers to rows, d [BLOCK_D] dims, ok [N] rows to read
+    -> [N, BLOCK_D] fp32 (zero where not ok or d >= DN + DR)."""
+    p = ptr[:, None]
+    nm = ok[:, None] & (d < DN)[None, :]
+    codes = tl.load(p + d[None, :], mask=nm, other=0).to(tl.int32)
+    sc = tl.load(p + DN + 2 * DR + d[None, :] // 64, mask=nm, other=127).to(tl.int32)
+    nope = e4m3_decode(codes) * exp2_int(sc - 127)
+    rd = tl.maximum(d - DN, 0)
+    rm = ok[:, None] & ((d >= DN) & (d < DN + DR))[None, :]
+    lo = tl.load(p + DN + 2 * rd[None, :], mask=rm, other=0).to(tl.int32)
+    hi = tl.load(p + DN + 2 * rd[None, :] + 1, mask=rm, other=0).to(tl.int32)
+    rope = (((hi << 8) | lo) << 16).to(tl.float32, bitcast=True)
+    return tl.where((d < DN)[None, :], nope, rope)
+
+
+@jit
+def store_row(ptr, y, DN: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr, NB: tl.constexpr):
+    """One attention row y [BLOCK_D] fp32 (dims >= DN + DR ignored) into NB bytes at uint8 pointer ptr."""
+    d = tl.arange(0, BLOCK_D)
+    G: tl.constexpr = BLOCK_D // 64
+    blocks = tl.reshape(tl.where(d < DN, y, 0.0), (G, 64))
+    k = pow2_exp(tl.max(tl.abs(blocks), axis=1))  # [G]; blocks past DN/64 are unused
+    scaled = tl.reshape(blocks * exp2_int(-k)[:, None], (BLOCK_D,))
+    codes = e4m3_encode(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
+    tl.store(ptr + d, codes.to(tl.uint8), mask=d < DN)
+    rd = tl.maximum(d - DN, 0)
+    rm = (d >= DN) & (d < DN + DR)
+    bf = bf16_bits(y)
+    tl.store(ptr + DN + 2 * rd, (bf & 255).to(tl.uint8), mask=rm)
+    tl.store(ptr + DN + 2 * rd + 1, (bf >> 8).to(tl.uint8), mask=rm)
+    g = tl.arange(0, G)
+    tl.store(ptr + DN + 2 * DR + g, (k + 127).to(tl.uint8), mask=g < DN // 64)
+    tail = DN + 2 * DR + DN // 64 + tl.arange(0, 8)  # zero padding
+    tl.store(ptr + tail, tl.zeros([8], tl.int32).to(tl.uint8), mask=tail < NB)
+
+
+@jit
+def load_keys(ptr, d, ok, ID: tl.constexpr):
+    """Indexer keys read in place: ptr [N] uint8 pointers, d [BLOCK_D], ok [N] -> [N, BLOCK_D] fp32."""
+    codes = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < ID)[None, :], other=0).to(tl.int32)
+    b0 = tl.load(ptr + ID, mask=ok, other=0).to(tl.int32)
+    b1 = tl.load(ptr + ID + 1, mask=ok, other=0).to(tl.int32)
+    b2 = tl.load(ptr + ID + 2, mask=ok, other=0).to(tl.int32)
+    b3 = tl.load(ptr + ID + 3, mask=ok, other=0).to(tl.int32)
+    scale = (b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)).to(tl.float32, bitcast=True)  # [N]
+    return e4m3_decode(codes) * scale[:, None]
+
+
+@jit
+def store_key(ptr, y, ID: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One indexer key y [BLOCK_D] fp32 (dims >= ID ignored) into ID + 4 bytes at uint8 pointer ptr."""
+    d = tl.arange(0, BLOCK_D)
+    y = tl.where(d < ID, y, 0.0)
+    k = pow2_exp(tl.max(tl.abs(y), axis=0))
+    codes = e4m3_encode(tl.minimum(tl.maximum(y * exp2_int(-k), -448.0), 448.0))
+    tl.store(ptr + d, codes.to(tl.uint8), mask=d < ID)
+    sbits = (k + 127) << 23  # the fp32 scale's bits, little-endian bytes
+    i = tl.arange(0, 4)
+    tl.store(ptr + ID + i, ((sbits >> (8 * i)) & 255).to(tl.uint8))
