@@ -10,7 +10,8 @@ C = c*D channels of stage A's projections kv, score [T, C]) the entry of block i
         [D, 2D)), column d without
     pooled[d] = sum_j softmax_j(score[j, d]) * kv[j, d]                                   [D] fp32
     y = w * pooled * rsqrt(mean(pooled^2) + eps),  pairs (2k, 2k+1) of its last Dr dims turned by cis[t]
-    out[emit_slot[t], i] = y in out's dtype
+    out[emit_slot[t], i] = y in out's dtype, or with FP8 caches (uint8 out) y quantized from fp32 into the
+        layout `store` names: "row" (e4m3 nope + bf16 rope + e8m0 scales) or "key" (e4m3 + an fp32 scale)
 
 which is `model.compressor.compress_torch`. Only tokens that complete their block (emit_slot is not the
 trash slot, the last slot of out) do this work; the others return at once and leave the trash slot
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import store_key, store_row
 from tp_runtime.ops.kernel_support import jit, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
@@ -53,10 +55,10 @@ def _pool_kernel(
     phase_ptr, block_ptr, emit_ptr,  # BlockIndex [T] long each
     w_ptr,  # norm weight [D]
     cis_ptr, s_cis,  # [T, DR/2, 2] fp32: rotary at block * r
-    out_ptr, so_slot, so_row,  # out [slots + 1, N, D], last dim contiguous
+    out_ptr, so_slot, so_row,  # out [slots + 1, N, D], last dim contiguous (FP8: uint8 [slots + 1, N, NB])
     trash, eps,
     RATIO: tl.constexpr, R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
-    OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, NB: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(emit_ptr + t)
@@ -104,7 +106,13 @@ def _pool_kernel(
         y = tl.reshape(rotate_pairs(tl.reshape(y, (1, BLOCK_D)), cis_ptr + t * s_cis, 1, BLOCK_D, D, DR, False),
                        (BLOCK_D,))
         blk = tl.load(block_ptr + t)
-        tl.store(out_ptr + slot * so_slot + blk * so_row + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+        dst = out_ptr + slot * so_slot + blk * so_row
+        if STORE == 1:  # FP8 attention row
+            store_row(dst, tl.where(dm, y, 0.0), D - DR, DR, BLOCK_D, NB)
+        elif STORE == 2:  # FP8 indexer key
+            store_key(dst, tl.where(dm, y, 0.0), D, BLOCK_D)
+        else:
+            tl.store(dst + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
 @jit
@@ -134,14 +142,16 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
 
     kv, score [T, C] (stage A's projections, C = c*D, last dim contiguous, bf16 / fp16 / fp32);
     ape [r, C] fp32; weight [D] the norm's; blk: the BlockIndex of ratio r; ring: the RingIndex of
-    R = c*r rows; state: rings [slots + 1, R, C]; out [slots + 1, N, D], its last slot the trash slot.
+    R = c*r rows; state: rings [slots + 1, R, C]; out [slots + 1, N, D], its last slot the trash slot;
+    store: "plain" (out's dtype), "row" / "key" (FP8 bytes into a uint8 out, as compress_torch stores them).
     The signature and meaning of `model.compressor.compress_torch`.
     """
     T = kv.shape[0]
     if T == 0:
         return
     ratio, C = ape.shape
-    D, R = out.shape[-1], ring.valid.shape[1]
+    D, R = weight.shape[0], ring.valid.shape[1]
+    assert (store == "plain") == (out.dtype != torch.uint8), (store, out.dtype)
     dr = 2 * blk.cis.shape[-1]
     assert C in (D, 2 * D) and R == C // D * ratio, (ape.shape, out.shape, ring.valid.shape)
     assert kv.stride(1) == 1 and score.stride(1) == 1 and out.stride(2) == 1 and ape.is_contiguous()
@@ -160,6 +170,7 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
         blk.phase, blk.block, blk.emit_slot, weight, cis, cis.stride(0), out, out.stride(0), out.stride(1),
         out.shape[0] - 1, eps,
         RATIO=ratio, R=R, C=C, D=D, DR=dr, OVERLAP=C == 2 * D, BLOCK_R=block_r, BLOCK_D=block_d,
+        STORE={"plain": 0, "row": 1, "key": 2}[store], NB=out.shape[-1],
         num_warps=8 if block_r * block_d >= TILE else 4)
     _state_kernel[(T,)](kv, kv.stride(0), score, score.stride(0), ape, blk.phase, ring.write_row, ring_kv, ring_sc,
                         C=C, BLOCK_C=triton.next_power_of_2(C), num_warps=4)

@@ -14,6 +14,9 @@ and the K largest, ties to the lower index, -1 where fewer than K exist. Two ker
    to it are taken), then one pass writes the chosen indices, in index order, the equal keys of lowest
    index first. When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch.
 
+With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
+fp32 scale in place and dequantizes in registers (exact in q's dtype).
+
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
 it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
 -0.0 and +0.0 count as equal, as in torch's sort.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import load_keys
 from tp_runtime.ops.kernel_support import jit, tl, triton
 
 
@@ -30,12 +34,12 @@ from tp_runtime.ops.kernel_support import jit, tl, triton
 def _score_kernel(
     q_ptr, sq_t, sq_h,  # q [T, Ih, Id], last dim contiguous
     w_ptr, sw_t,  # w [T, Ih]
-    k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous
+    k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous (FP8: uint8 [slots, N, Id + 4])
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
     n_keys, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     start = tl.program_id(1) * BLOCK_N
@@ -49,8 +53,11 @@ def _score_kernel(
         s = start + tl.arange(0, BLOCK_N)
         km = s < n
         slot = tl.load(slot_ptr + t)
-        k = tl.load(k_ptr + slot * sk_slot + s[:, None].to(tl.int64) * sk_row + d[None, :],
-                    mask=km[:, None] & (d < ID)[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if FP8:  # e4m3 bytes times each key's fp32 scale (exact in q's dtype)
+            k = load_keys(k_ptr + slot * sk_slot + s.to(tl.int64) * sk_row, d, km, ID).to(q_ptr.dtype.element_ty)
+        else:
+            k = tl.load(k_ptr + slot * sk_slot + s[:, None].to(tl.int64) * sk_row + d[None, :],
+                        mask=km[:, None] & (d < ID)[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N] fp32
         score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
         tl.store(score_ptr + t * s_score + s, score, mask=km)
@@ -119,7 +126,8 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
                  n_keys: int, k: int) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
-    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id], slot [T], n_valid [T]: token t may pick
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
+    n_valid [T]: token t may pick
     s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first (index order).
     The signature and meaning of `torch_path.indexer_topk`.
     """
@@ -138,6 +146,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
         scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n, PRECISION=precision,
+        FP8=keys.dtype == torch.uint8,
         num_warps=4, num_stages=2)
     _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
                          CHUNK=1024, num_warps=4)

@@ -4,6 +4,7 @@ For each token t, with cis[t] [Dr/2] turning pair (x[2i], x[2i+1]) of the last D
 
     q[t, h]     <- rotary(rms_norm(q[t, h], None, eps))   every local head h of D dims, in place
     kv_out[t]   <- rotary(kv[t])                           the layer's one kv row, into the cache's dtype
+                                                           (uint8 kv_out: quantized into the FP8 row layout)
     idx_q[t, h] <- rotary(idx_q[t, h])                     the indexer's Ih heads of Id dims, in place (r = 4)
 
 This is `DSV4Attention.prepare`'s torch composition, `apply_rotary(rms_norm(q, None, eps), cis)`,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import row_bytes, store_row
 from tp_runtime.ops.kernel_support import jit, tl, triton
 
 TILE = 2048  # elements of one program's tile: 4 heads of 512 dims, 16 indexer heads of 128
@@ -63,15 +65,25 @@ def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.con
 
 
 @jit
+def _kv_row_fp8(in_ptr, out_ptr, cis_row, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
+                NB: tl.constexpr):
+    """The kv row of one token: roped, rounded to its dtype, quantized into NB bytes of FP8 row at out_ptr."""
+    d = tl.arange(0, BLOCK_D)
+    x = tl.load(in_ptr + d[None, :], mask=(d < D)[None, :], other=0.0)  # [1, BLOCK_D]
+    y = rotate_pairs(x.to(tl.float32), cis_row, 1, BLOCK_D, D, DR, False).to(x.dtype).to(tl.float32)
+    store_row(out_ptr, tl.reshape(y, (BLOCK_D,)), D - DR, DR, BLOCK_D, NB)
+
+
+@jit
 def _prepare_heads_kernel(
     q_ptr, sq_t, sq_h,  # q [T, HQ, D], last dim contiguous: normed and roped in place
-    kv_ptr, skv_t, kvo_ptr, skvo_t,  # kv [T, D] -> kv_out [T, D] (the window cache's dtype)
+    kv_ptr, skv_t, kvo_ptr, skvo_t,  # kv [T, D] -> kv_out [T, D] (the window cache's dtype) or [T, NB] uint8
     iq_ptr, siq_t, siq_h,  # indexer query [T, IH, ID]: roped in place (HAS_IDX)
     cis_ptr, s_cis,  # [T, DR/2, 2] fp32
     eps,
     HQ: tl.constexpr, D: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr, DR: tl.constexpr,
     NQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
-    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr,
+    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr, FP8: tl.constexpr, NB: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)  # [0, NQ): q head blocks; NQ: the kv row; past NQ: indexer head blocks
@@ -80,7 +92,10 @@ def _prepare_heads_kernel(
         q_row = q_ptr + t * sq_t
         _heads(q_row, sq_h, q_row, sq_h, p * BLOCK_H, HQ, cis_row, eps, True, BLOCK_H, BLOCK_D, D, DR)
     elif p == NQ:
-        _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR)
+        if FP8:
+            _kv_row_fp8(kv_ptr + t * skv_t, kvo_ptr + t * skvo_t, cis_row, BLOCK_D, D, DR, NB)
+        else:
+            _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR)
     elif HAS_IDX:
         iq_row = iq_ptr + t * siq_t
         _heads(iq_row, siq_h, iq_row, siq_h, (p - NQ - 1) * BLOCK_I, IH, cis_row, eps, False, BLOCK_I, BLOCK_ID,
@@ -95,7 +110,8 @@ def _block_heads(n_heads: int, block_d: int) -> int:
 def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: torch.Tensor, eps: float,
                   idx_q: torch.Tensor | None = None) -> None:
     """One launch: q [T, Hl, D] per-head normed (no weight) and roped in place; kv [T, D] roped into
-    kv_out [T, D] (its own dtype, e.g. the window cache's); idx_q [T, Ih, Id] or None roped in place.
+    kv_out [T, D] (its own dtype, e.g. the window cache's; uint8 [T, row bytes]: FP8 rows); idx_q [T, Ih, Id]
+    or None roped in place.
     Every rotation turns the last Dr dims by cis [T, Dr/2] complex64. Last dims contiguous; q and
     idx_q are the caller's own buffers (the projections' outputs), since they are overwritten."""
     T, HQ, D = q.shape
@@ -103,7 +119,9 @@ def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: 
         return
     dr = 2 * cis.shape[-1]
     cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
-    assert q.stride(2) == 1 and kv.stride(1) == 1 and kv_out.stride(1) == 1 and kv.shape == kv_out.shape == (T, D)
+    fp8 = kv_out.dtype == torch.uint8
+    assert q.stride(2) == 1 and kv.stride(1) == 1 and kv_out.stride(1) == 1 and kv.shape == (T, D)
+    assert kv_out.shape == ((T, row_bytes(D, dr)) if fp8 else (T, D))
     assert cis_r.stride(1) == 2 and cis_r.stride(2) == 1 and len(cis) == T
     has_idx = idx_q is not None
     iq = idx_q if has_idx else q
@@ -117,4 +135,4 @@ def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: 
         q, q.stride(0), q.stride(1), kv, kv.stride(0), kv_out, kv_out.stride(0), iq, iq.stride(0), iq.stride(1),
         cis_r, cis_r.stride(0), eps,
         HQ=HQ, D=D, IH=IH, ID=ID, DR=dr, NQ=nq, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_I=block_i,
-        BLOCK_ID=block_id, HAS_IDX=has_idx, num_warps=4)
+        BLOCK_ID=block_id, HAS_IDX=has_idx, FP8=fp8, NB=kv_out.shape[1], num_warps=4)

@@ -21,6 +21,10 @@ This is what `DSV4Attention.attend` computes on the torch path (candidates gathe
   the candidates are split over programs (flash-decoding) and a second kernel combines the splits,
   adds the sink and applies the inverse rotary.
 
+With FP8 caches (uint8 kv, window and compressed rows in the layout of ops/cache_fp8.py) the kernel reads
+each candidate's e4m3 bytes, its scale bytes and its bf16 rope bytes in place and dequantizes in registers
+(exact in the run dtype), the same values torch_path's gather-then-dequantize gives.
+
 Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
 C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning).
 """
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import load_rows
 from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
@@ -41,10 +46,10 @@ if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run 
 @jit
 def _sparse_attn_kernel(
     q_ptr, sq_t, sq_h,  # q [T, H, D], last dim contiguous
-    kv_ptr, skv_t,  # this step's window rows [T, D]
-    win_ptr, swin,  # window ring viewed as [slots * W, D]
+    kv_ptr, skv_t,  # this step's window rows [T, D] (FP8: uint8 [T, row bytes])
+    win_ptr, swin,  # window ring viewed as [slots * W, D] (FP8: [slots * W, row bytes])
     in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va,  # RingIndex rows [T, W]
-    comp_ptr, sc_slot, sc_row,  # compressed rows [slots, N, D]
+    comp_ptr, sc_slot, sc_row,  # compressed rows [slots, N, D] (FP8: [slots, N, row bytes])
     slot_ptr,  # [T] long
     picks_ptr, s_pk,  # [T, C] long, -1 = none (ratio 4)
     n_done_ptr,  # [T] long: completed entries (ratio 4 and 128)
@@ -56,7 +61,7 @@ def _sparse_attn_kernel(
     W: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     HAS_COMP: tl.constexpr, HAS_PICKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -106,7 +111,10 @@ def _sparse_attn_kernel(
                 cok = cm
             ptr = tl.where(is_win, ptr, comp_ptr + slot * sc_slot + idx * sc_row)
             ok = ok | cok
-        rows = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if FP8:  # e4m3 * scale and bf16 rope bytes, dequantized in registers (exact in q's dtype)
+            rows = load_rows(ptr, d, ok, D - DR, DR).to(q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
+        else:
+            rows = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(rows), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_N] fp32
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -192,7 +200,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     """Attention of T tokens over their window and compressed rows, inverse rotary, into out [T, Hl*D].
 
     q [T, Hl, D] (normed, roped); kv [T, D] this step's rows (the ring must not yet hold them);
-    window [slots, W, D]; ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or
+    window [slots, W, D] (FP8 caches: kv, window and compressed are uint8 rows of row bytes); ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or
     None (window-only layer); slot [T]; picks [T, C] (ratio 4, -1 = none, valid first) or None
     (ratio 128: every entry < n_done[t], at most n_comp); n_done [T] completed entries; n_comp: C, the
     host bound on compressed candidates; sink [Hl] fp32; cis [T, Dr/2] complex64 at pos.
@@ -210,7 +218,9 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     block_d = triton.next_power_of_2(D)
     assert q.stride(2) == 1 and kv.stride(1) == 1 and window.is_contiguous() and out.stride(1) == 1
     cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
-    win = window.view(-1, D)
+    fp8 = window.dtype == torch.uint8
+    assert kv.dtype == window.dtype and (compressed is None or compressed.dtype == window.dtype)
+    win = window.view(-1, window.shape[-1])
     comp = compressed if has_comp else window
     pk = picks if (has_comp and picks is not None) else slot[:, None]
     nd = n_done if has_comp else slot
@@ -228,7 +238,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         out, out.stride(0), part_o, part_ml, H, C, scale, splits, cfg.split_len,
         W=W, D=D, DR=dr, HAS_COMP=has_comp, HAS_PICKS=picks is not None,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, SPLIT=splits > 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](

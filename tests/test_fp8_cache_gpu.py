@@ -1,0 +1,344 @@
+"""The Triton kernels with FP8 caches (runtime.cache_format=fp8) against the torch path, on random inputs.
+
+Run on a GPU machine: `pytest -m gpu tests/test_fp8_cache_gpu.py`. Where Triton is installed without a GPU,
+`TRITON_INTERPRET=1 pytest -m gpu tests/test_fp8_cache_gpu.py` runs the same checks (fp32, smaller cases)
+on the CPU through Triton's interpreter: indexing, masking and the bit operations, not the compiled code.
+
+Checked:
+- the kernels' quantize / dequantize helpers (ops/cache_fp8.py) against torch's, bit for bit, on the same
+  fp32 inputs: zeros, e4m3's max, ties, subnormals, power-of-two edges of the block scale, bf16 ties;
+- sparse attention and indexer scores reading FP8 rows / keys in place, every edge case of
+  tests/test_kernels_gpu.py (contexts at the window and block edges, prefill chunks, forced splits, small
+  dims, exact top-K ties). Both paths read the same bytes and dequantize exactly, so the tolerances of
+  test_kernels_gpu.py apply unchanged and top-K sets on integer inputs must be identical;
+- the kv row of prepare_heads and the compressors' entries and keys quantized in the kernels. The two
+  paths quantize fp32 values that differ by summation order and rotation rounding (~1e-6 relative): the
+  bytes are the same but where such a value sits within that distance of an e4m3 rounding midpoint. So
+  at most 1e-3 of the bytes may differ, and each dequantized row within 1e-2 relative of the torch path's
+  (one e4m3 step of one element moves a 64+ dim row by at most 2^-3 / 8 ~ 1.6e-2 of the element's
+  share, ~1e-3 typically; a wrong scale or layout moves rows by 1e-1 and more);
+- a CUDA-graph replay of attention and top-K over FP8 caches (GPU only).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
+
+from tp_runtime.model.attention import heads_torch, sparse_attention_torch
+from tp_runtime.ops import torch_path
+from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
+                                      row_bytes)
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+pytestmark = KERNEL_MARKS
+DEV = KERNEL_DEVICE
+
+from test_compressor_kernel_gpu import Case, step_batch  # noqa: E402
+from test_kernels_gpu import DECODE_POS, DTYPES, TOL, attention_case, rel_err, run_both, topk_case  # noqa: E402
+
+from tp_runtime.ops.cache_fp8 import load_keys, load_rows, store_key, store_row  # noqa: E402
+from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
+from tp_runtime.ops.rope import prepare_heads  # noqa: E402
+from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink  # noqa: E402
+
+EPS = 1e-6
+BYTES_DIFFER = 1e-3  # share of bytes two quantizations of near-equal fp32 values may differ in (docstring)
+ROW_TOL = 1e-2
+
+
+# ------------------------------------------------------------------ the helpers, bit for bit
+
+
+@triton.jit
+def _store_rows_kernel(x_ptr, b_ptr, D: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr, NB: tl.constexpr):
+    r = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    store_row(b_ptr + r * NB, tl.load(x_ptr + r * D + d, mask=d < D, other=0.0), D - DR, DR, BLOCK_D, NB)
+
+
+@triton.jit
+def _load_rows_kernel(b_ptr, y_ptr, n, D: tl.constexpr, DR: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, NB: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    ok = rows < n
+    y = load_rows(b_ptr + rows * NB, d, ok, D - DR, DR)
+    tl.store(y_ptr + rows[:, None] * D + d[None, :], y, mask=ok[:, None] & (d < D)[None, :])
+
+
+@triton.jit
+def _store_keys_kernel(x_ptr, b_ptr, ID: tl.constexpr, BLOCK_D: tl.constexpr):
+    r = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    store_key(b_ptr + r * (ID + 4), tl.load(x_ptr + r * ID + d, mask=d < ID, other=0.0), ID, BLOCK_D)
+
+
+@triton.jit
+def _load_keys_kernel(b_ptr, y_ptr, n, ID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    ok = rows < n
+    y = load_keys(b_ptr + rows * (ID + 4), d, ok, ID)
+    tl.store(y_ptr + rows[:, None] * ID + d[None, :], y, mask=ok[:, None] & (d < ID)[None, :])
+
+
+def edge_rows(n: int, D: int, seed: int) -> torch.Tensor:
+    """[n, D] fp32 rows over 30 orders of magnitude, the first rows the edge cases of the rounding."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(n, D, generator=g, device=DEV) * torch.logspace(-15, 15, n, device=DEV)[:, None]
+    steps = torch.tensor([1.0, 1 + 1 / 16, 1 + 3 / 16, 1.5, 1.75, 2 + 1 / 8, 2.0 ** -9 * 1.5, 2.0 ** -9 * 0.5,
+                          2.0 ** -9 * 0.49, 2.0 ** -7 * 1.0625, -0.0, 240.0, 447.0, 416.0, 432.0, 1e-40],
+                         device=DEV)
+    x[0] = 0.0  # a zero row
+    x[1, :] = 448.0  # e4m3's max everywhere: scale 1
+    x[2, :16] = steps  # with amax 448 (scale 1): e4m3 ties to even, subnormals, -0, a denormal fp32
+    x[2, 16:64] = 448.0
+    x[3] = x[2] * 2.0 ** -30  # the same times a power of two: the same bytes but the scales
+    x[4, :64] = 448.0 * (1 + 2.0 ** -23)  # just past a power of two: the next scale up
+    x[5, :64] = torch.linspace(-1.0, 1.0, min(D, 64), device=DEV) * 2.0 ** 100
+    x[6, -8:] = torch.tensor([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1e-40, 3e38, -0.0, 0.5, 65504.0],
+                             device=DEV)  # bf16 ties (to even) in the rope dims
+    return x
+
+
+@pytest.mark.parametrize("D,dr", [(512, 64), (72, 8), (192, 64)])
+def test_row_helpers_match_torch_bit_for_bit(D, dr):
+    x = edge_rows(40, D, seed=D)
+    nb = row_bytes(D, dr)
+    b = torch.full((len(x), nb), 0xAB, dtype=torch.uint8, device=DEV)  # poisoned: padding must be written
+    bd = triton.next_power_of_2(D)
+    _store_rows_kernel[(len(x),)](x, b, D=D, DR=dr, BLOCK_D=bd, NB=nb)
+    ref = quantize_rows(x, dr)
+    assert torch.equal(b, ref), (b != ref).nonzero()[:8].tolist()
+    y = torch.full_like(x, float("nan"))
+    _load_rows_kernel[(triton.cdiv(len(x), 16),)](ref, y, len(x), D=D, DR=dr, BLOCK_N=16, BLOCK_D=bd, NB=nb)
+    assert torch.equal(y, dequantize_rows(ref, D, dr))
+
+
+@pytest.mark.parametrize("Id", [128, 16, 96])
+def test_key_helpers_match_torch_bit_for_bit(Id):
+    x = edge_rows(40, Id, seed=Id)
+    b = torch.full((len(x), key_bytes(Id)), 0xAB, dtype=torch.uint8, device=DEV)
+    bd = triton.next_power_of_2(Id)
+    _store_keys_kernel[(len(x),)](x, b, ID=Id, BLOCK_D=bd)
+    ref = quantize_keys(x)
+    assert torch.equal(b, ref), (b != ref).nonzero()[:8].tolist()
+    y = torch.full_like(x, float("nan"))
+    _load_keys_kernel[(triton.cdiv(len(x), 16),)](ref, y, len(x), ID=Id, BLOCK_N=16, BLOCK_D=bd)
+    assert torch.equal(y, dequantize_keys(ref, Id))
+
+
+# ------------------------------------------------------------------ sparse attention over FP8 rows
+
+
+def fp8_attention_case(chunks, n_heads: int, ratio: int, dtype: torch.dtype, seed: int, D: int = 512, dr: int = 64,
+                       **kw):
+    """test_kernels_gpu's case with kv, window and compressed rows stored as FP8 bytes."""
+    T, args = attention_case(chunks, n_heads, ratio, dtype, seed, D=D, dr=dr, **kw)
+    args = list(args)
+    for i in (1, 2, 4):  # kv, window, compressed
+        if args[i] is not None:
+            args[i] = quantize_rows(args[i], dr)
+    return T, tuple(args)
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_heads", [64, 16] if not INTERPRET else [16])
+def test_fp8_attention_decode(ratio, dtype, n_heads):
+    positions = DECODE_POS if not INTERPRET else [0, 3, 127, 128, 129, 511]
+    for i, p in enumerate(positions):
+        T, args = fp8_attention_case([(0, p, 1)], n_heads, ratio, dtype, seed=i)
+        out, ref = run_both(T, args, n_heads)
+        assert rel_err(out, ref) < TOL[dtype], (p, rel_err(out, ref))
+    T, args = fp8_attention_case([(i % 4, p, 1) for i, p in enumerate(positions)], n_heads, ratio, dtype, seed=99)
+    out, ref = run_both(T, args, n_heads)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_attention_prefill_chunks(ratio, dtype):
+    # window rows from the step's own FP8 rows and from the ring
+    chunks = [(0, 200, 300), (1, 0, 256), (2, 1000, 1)] if not INTERPRET else [(0, 200, 40), (1, 0, 20), (2, 1000, 1)]
+    if not INTERPRET:
+        chunks.append((3, 3000, 512))
+    T, args = fp8_attention_case(chunks, 64 if not INTERPRET else 16, ratio, dtype, seed=7)
+    out, ref = run_both(T, args, args[0].shape[1])
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("splits_len", [32, 128, 4096])
+def test_fp8_attention_forced_splits_match(splits_len):
+    T, args = fp8_attention_case([(0, 700, 1), (1, 3000, 2), (2, 5, 1)], 16, 4, torch.float32, seed=3)
+    out, ref = run_both(T, args, 16, config=AttnConfig(16, 32, 4, 1, splits_len))
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_fp8_attention_small_dims():
+    # D = 72 = 64 nope + 8 rope (88-byte rows, tests/test_fp8_cache.py's dims), W = 16, 4 local heads
+    for ratio in (0, 4, 128):
+        T, args = fp8_attention_case([(0, 40, 20), (1, 300, 1)], 4, ratio, torch.float32, seed=5, D=72, dr=8, W=16,
+                                     topk=8, max_len=512)
+        out, ref = run_both(T, args, 4, D=72)
+        assert rel_err(out, ref) < TOL[torch.float32]
+
+
+# ------------------------------------------------------------------ indexer top-K over FP8 keys
+
+
+def check_topk_fp8(case, n_keys: int, k: int, exact: bool) -> None:
+    """Kernel picks over uint8 keys against the torch path's over the same bytes; near-ties of the K-th
+    score may differ only where the inputs are not integers (test_kernels_gpu.check_topk's rule)."""
+    q, w, keys, slot, nv = case
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    assert got.shape == ref.shape
+    n = torch.minimum(nv, torch.tensor(n_keys, device=DEV)).clamp(max=ref.shape[1])
+    kf = dequantize_keys(keys, q.shape[2])
+    for t in range(len(nv)):
+        m = int(n[t])
+        r, o = ref[t].tolist(), got[t].tolist()
+        assert o[m:] == [-1] * (len(o) - m) and -1 not in o[:m] and len(set(o[:m])) == m, f"token {t}"
+        rs, os_ = set(r[:m]), set(o[:m])
+        if exact:
+            assert rs == os_, t
+        elif rs != os_:
+            logits = torch.einsum("hd,nd->hn", q[t].float(), kf[slot[t], :n_keys]).relu_()
+            sc = (logits * w[t].float()[:, None]).sum(0) * (q.shape[2] ** -0.5 * q.shape[1] ** -0.5)
+            kth = sc[r[m - 1]]
+            for i in rs ^ os_:
+                assert abs(float(sc[i] - kth)) <= 1e-5 * max(abs(float(kth)), 1e-6), (t, i)
+
+
+def fp8_keys(case):
+    q, w, keys, slot, nv = case
+    return q, w, quantize_keys(keys), slot, nv
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_topk_exact_ties_and_counts(dtype):
+    # integer keys in {-1, 0, 1}: amax 1 (or an all-zero key), stored exactly; scores exact on both paths
+    n_keys, k = (2048, 512) if not INTERPRET else (256, 64)
+    nv = [0, 1, 3, 63, 64, 65, 511, 512, 513, 1000, 1023, 1024, 1025, 2047, 2048, 5000]
+    if INTERPRET:
+        nv = [0, 1, 63, 64, 65, 200, 256, 300]
+    check_topk_fp8(fp8_keys(topk_case(nv, n_keys, dtype, seed=1, integer=True)), n_keys, k, exact=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_topk_float_inputs(dtype):
+    n_keys, k = (4096, 512) if not INTERPRET else (256, 32)
+    nv = [4096, 3000, 1024, 600, 7, 4000] if not INTERPRET else [256, 200, 7]
+    check_topk_fp8(fp8_keys(topk_case(nv, n_keys, dtype, seed=3, integer=False)), n_keys, k, exact=False)
+
+
+def test_fp8_topk_small_heads():
+    # tiny dims: 8 heads of 16 dims (20-byte keys), K = 8
+    case = topk_case([0, 3, 9, 40, 128], 128, torch.float32, seed=5, integer=True, n_heads=8, dim=16)
+    check_topk_fp8(fp8_keys(case), 128, 8, exact=True)
+
+
+# ------------------------------------------------------------------ quantizing kernels: kv row, compressors
+
+
+def check_bytes_close(got: torch.Tensor, ref: torch.Tensor, decode) -> None:
+    """uint8 rows: few differing bytes, dequantized rows within ROW_TOL (docstring)."""
+    assert got.shape == ref.shape and got.dtype == ref.dtype == torch.uint8
+    frac = float((got != ref).double().mean())
+    assert frac <= BYTES_DIFFER, f"{frac:.2e} of the bytes differ"
+    assert rel_err(decode(got), decode(ref)) < ROW_TOL
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,dr", [(512, 64), (72, 8)])
+def test_prepare_heads_quantizes_the_kv_row(dtype, D, dr):
+    g = torch.Generator(device=DEV).manual_seed(D)
+    T, H = (37, 8) if not INTERPRET else (5, 4)
+    q = (torch.randn(T, H, D, generator=g, device=DEV) * 2).to(dtype)
+    kv = (torch.randn(T, D, generator=g, device=DEV) * torch.logspace(-3, 3, T, device=DEV)[:, None]).to(dtype)
+    kv[0] = 0.0
+    ang = torch.arange(T, device=DEV)[:, None] * 10.0 ** -torch.arange(dr // 2, device=DEV)[None].float()
+    cis = torch.polar(torch.ones_like(ang), ang)
+    _, ref, _ = heads_torch(q, None, kv, cis, EPS, torch.uint8)
+    out = torch.full((T, row_bytes(D, dr)), 0xAB, dtype=torch.uint8, device=DEV)  # poisoned: padding written
+    prepare_heads(q.clone(), kv, out, cis, EPS, None)
+    check_bytes_close(out, ref, lambda b: dequantize_rows(b, D, dr))
+
+
+class FP8Case(Case):
+    """test_compressor_kernel_gpu's Case with an FP8 cache: attention rows ("row") or indexer keys ("key")."""
+
+    def __init__(self, ratio: int, D: int, dtype: torch.dtype, slots: int, seed: int, dr: int, store: str):
+        super().__init__(ratio, D, dtype, slots, seed, dr)
+        for m in self.mods:
+            m.store = store
+        quant = (lambda x: quantize_rows(x, dr)) if store == "row" else quantize_keys
+        self.decode = (lambda b: dequantize_rows(b, D, dr)) if store == "row" else (lambda b: dequantize_keys(b, D))
+        out = quant(self.outs[0].float())
+        self.outs = [out.clone() for _ in self.mods]
+
+    def step(self, chunks: list[tuple[int, int, int]], n_pad: int = 0) -> int:
+        b = step_batch(chunks, n_pad, self.ratio, self.trash, self.dr)
+        kv, score = self.inputs(len(b.pos))
+        for m, st, out in zip(self.mods, self.states, self.outs):
+            m(kv, score, b, st, out)
+        (ref, got), (sr, sg), t = self.outs, self.states, self.trash
+        check_bytes_close(got[:t].flatten(0, 1), ref[:t].flatten(0, 1), self.decode)
+        assert torch.equal(sg.kv[:t], sr.kv[:t]) and torch.equal(sg.score[:t], sr.score[:t])
+        return int((b.ix.blocks[self.ratio].emit_slot != t).sum())
+
+
+FP8_COMPRESSORS = [(4, 512, 64, "row"), (128, 512, 64, "row"), (4, 128, 64, "key"), (4, 72, 8, "row"),
+                   (4, 16, 8, "key")]
+
+
+@pytest.mark.parametrize("ratio,D,dr,store", FP8_COMPRESSORS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_compressor_decode_and_prefill(ratio, D, dr, store, dtype):
+    positions = [0, 1, 3, 4, 7, 126, 127, 128, 255, 1023, 4095] if not INTERPRET else [0, 3, 7, 127]
+    case = FP8Case(ratio, D, dtype, slots=len(positions), seed=ratio + D, dr=dr, store=store)
+    assert case.step([(i, p, 1) for i, p in enumerate(positions)], n_pad=3) == sum(
+        (p + 1) % ratio == 0 for p in positions)
+    n = 300 if not INTERPRET else 130
+    case = FP8Case(ratio, D, dtype, slots=2, seed=1, dr=dr, store=store)
+    assert case.step([(0, 0, n), (1, 201, 70)], n_pad=2) > 0
+
+
+# ------------------------------------------------------------------ capture
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_fp8_kernels_replay_in_a_cuda_graph(ratio):
+    # Captured once on one step's tensors, replayed after every device input changed (positions, FP8 rows and
+    # keys, picks, counts): the replay equals the torch path on the new inputs.
+    chunks_a = [(i % 4, 50 + 300 * i, 1) for i in range(8)]
+    chunks_b = [(i % 4, 4000 - 450 * i, 1) for i in range(8)]
+    T, a = fp8_attention_case(chunks_a, 64, ratio, torch.bfloat16, seed=11)
+    _, b = fp8_attention_case(chunks_b, 64, ratio, torch.bfloat16, seed=12)
+    tq = fp8_keys(topk_case([p // 4 for _, p, _ in chunks_a], 1024, torch.bfloat16, seed=13, integer=True))
+    tb = fp8_keys(topk_case([p // 4 for _, p, _ in chunks_b], 1024, torch.bfloat16, seed=14, integer=True))
+    out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    sparse_attention_sink(*a, out)  # compile outside the capture
+    indexer_topk(*tq, 1024, 512)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention_sink(*a, out)
+        picks = indexer_topk(*tq, 1024, 512)
+    for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+        elif isinstance(dst, tuple):  # the RingIndex
+            for x, y in zip(dst, src):
+                x.copy_(y)
+    out.fill_(float("nan"))
+    g.replay()
+    ref = torch.empty_like(out)
+    sparse_attention_torch(*b, ref)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)
