@@ -43,6 +43,13 @@ check tiny_tp1_full configs/tiny.yaml parallel.tp=1 parallel.launcher=local grap
 check flash_tp1_full "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable graph.break_scope=narrow
 check flash_tp1_hoisted "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=hoisted
 check flash_tp1_narrow "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow
+# FP8 caches (584-byte rows, 132-byte keys): against the oracle that rounds the same way; `measured` gives the
+# difference to bf16 caches. tiny needs 64-dim nope blocks: head_dim 72 = 64 + 8.
+check tiny_tp1_full_kv_fp8 configs/tiny.yaml parallel.tp=1 parallel.launcher=local graph.mode=full_and_breakable \
+  model.head_dim=72 runtime.cache_format=fp8
+check flash_tp1_full_kv_fp8 "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable runtime.cache_format=fp8
+check flash_tp1_narrow_kv_fp8 "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow \
+  runtime.cache_format=fp8
 if [ "$ngpu" -ge 2 ]; then
   check tiny_tp2_wide configs/tiny.yaml parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=wide
   check flash_tp2_hoisted "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_PATH as TINY
+from conftest import TINY_PATH as TINY, run_cli
 from tp_runtime.bench.cache_fill import fill_seeded
 from tp_runtime.bench.roofline import largest_batches, layer_cache_bytes, memory_per_rank, step_bytes
 from tp_runtime.bench.sweep_config import load_sweep, split_mode
@@ -133,6 +133,10 @@ def test_fp8_cache_refused_on_cpu_and_for_dims_without_whole_blocks():
 
     with pytest.raises(ConfigError, match=r"'runtime.cache_format'=fp8 .* runs on cpu"):
         uses_fp8_cache(cfg, CPU)
+    if not torch.cuda.is_available():  # refused before any rank starts: exit 2, one error line
+        proc = run_cli(["run", TINY, "runtime.cache_format=fp8", "parallel.launcher=local", "parallel.tp=1",
+                        *FP8_DIMS], timeout_s=60)
+        assert proc.returncode == 2 and "cache_format'=fp8" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ---------------------------------------------------------------- the torch path against the oracle
@@ -262,3 +266,16 @@ def test_bench_lanes_for_the_cache_format():
     assert [(r.cache_format, r.kernels) for r in formats] == [("bf16", "auto"), ("fp8", "auto")]  # triton on a GPU
     cfg = sweep.worker_config(1, sweep.variants()[0], sweep.modes[1])
     assert cfg.graph.mode == "full_and_breakable" and len(cfg.model.layer_ids()) == 43
+
+
+def test_check_with_fp8_caches(fp8_scenario, allow_fp8_cache_on_cpu):
+    # `tp-runtime check` minus the CLI's device refusal: every comparison at the FP8-cache tolerance, plus the
+    # measured cost of FP8 caches (bf16 caches and the unrounded oracle against the FP8 run)
+    from tp_runtime.verify.check import run_check
+
+    rec = run_check(fp8_scenario)
+    assert rec["ok"], rec["comparisons"]
+    assert {c["tol"] for c in rec["comparisons"].values()} == {FP8_CACHE_TOLERANCES["float32"]}
+    cost = rec["measured"]
+    assert cost["fp8_vs_bf16_cache"]["max_rel_err"] > FP8_CACHE_TOLERANCES["float32"]
+    assert cost["fp8_vs_unrounded_reference"]["max_rel_err"] > FP8_CACHE_TOLERANCES["float32"]

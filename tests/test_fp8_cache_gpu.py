@@ -342,3 +342,25 @@ def test_fp8_kernels_replay_in_a_cuda_graph(ratio):
     sparse_attention_torch(*b, ref)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)
+
+
+# ------------------------------------------------------------------ the whole stack
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="runtime.kernels=triton needs a CUDA device")
+@pytest.mark.parametrize("mode", ["eager", "full_and_breakable"])
+def test_tiny_run_with_fp8_caches_triton_matches_torch(mode):
+    # tiny dims with 64-dim nope blocks (D = 72), fp32: every kernel with FP8 caches against the torch path
+    # with FP8 caches, and the full graph's replay. Both quantize the same rows; where a value sits within fp32
+    # noise of an e4m3 midpoint the two round apart (docstring), hence check.py's FP8-cache tolerance.
+    from tp_runtime.config import load_config
+    from tp_runtime.engine.entry import in_process
+    from tp_runtime.verify.check import FP8_CACHE_TOLERANCES, max_rel_err
+    from conftest import TINY_PATH as TINY
+
+    base = ["parallel.tp=1", "parallel.launcher=local", "runtime.device=cuda", "workload.requests=4",
+            "model.head_dim=72", "model.qk_rope_head_dim=8", "runtime.cache_format=fp8"]
+    tri = in_process(load_config(TINY, base + ["runtime.kernels=triton", f"graph.mode={mode}"]), keep_outputs=True)
+    ref = in_process(load_config(TINY, base + ["runtime.kernels=torch", "graph.mode=eager"]), keep_outputs=True)
+    assert tri.kernels == "triton" and ref.kernels == "torch"
+    assert max_rel_err(tri.outputs, ref.outputs) <= FP8_CACHE_TOLERANCES["float32"]

@@ -53,6 +53,10 @@ def _validate_inputs(cfg: RunConfig) -> None:
             check_fp8_shards(cfg.model, cfg.parallel.tp)
         except ValueError as e:
             raise ConfigError(f"{cfg.source}: {e}") from None
+    if (cfg.runtime.cache_format == "fp8" and cfg.parallel.launcher != "ray"
+            and resolve_device(cfg.runtime.device).type != "cuda"):
+        raise ConfigError(f"{cfg.source}: 'runtime.cache_format'=fp8 stores caches for the CUDA kernels only; "
+                          "this machine has none (use cache_format=bf16)")
     if cfg.workload.inputs:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
     if cfg.model.checkpoint:
