@@ -19,6 +19,8 @@ ctx is the number of tokens in the cache when the step runs (the decode position
 
 Memory per rank: the weights held plus the caches allocated (model.cache.cache_bytes: slots x max_len x
 layers, state rings included); `largest_batches` is the largest batch per context that fits a device.
+`python -m tp_runtime.bench.roofline CONFIG [GiB] [key=value ...]` prints it for both cache formats
+(default 139 GiB: one H200 as torch reports it).
 """
 
 from __future__ import annotations
@@ -109,3 +111,28 @@ def model_seconds(nbytes: int, bytes_per_s: float, n_layers: int, allreduce_s: f
     """Ideal step time: every byte read once at the measured bandwidth, plus one all-reduce per layer."""
     comm = n_layers * allreduce_s if tp > 1 else 0.0
     return nbytes / bytes_per_s + comm
+
+
+def fit_table(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: list[int], fp8: bool = False) -> str:
+    """Per cache format, memory per rank at one slot and the largest batch per context (largest_batches)."""
+    lines = [f"{'cache':>6} {'context':>8} {'cache MiB/seq':>14} {'largest batch':>14}"]
+    for fp8_cache in (False, True):
+        fits = largest_batches(m, tp, elem, device_bytes, contexts, fp8, fp8_cache)
+        for ctx in contexts:
+            per_seq = memory_per_rank(m, tp, 1, ctx, elem, fp8, fp8_cache)["cache"] / 2
+            lines.append(f"{'fp8' if fp8_cache else 'bf16':>6} {ctx:>8} {per_seq / 2**20:>14.1f} {fits[ctx]:>14}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tp_runtime.bench.roofline CONFIG [GiB] [key=value ...]
+    import sys
+
+    from tp_runtime.config import load_config
+
+    args = sys.argv[1:]
+    gib = float(args.pop(1)) if len(args) > 1 and "=" not in args[1] else 139.0  # one H200
+    cfg = load_config(args[0], args[1:])
+    dtype = {"float32": 4, "float64": 8}.get(cfg.runtime.dtype, 2)
+    print(f"tp={cfg.parallel.tp}, {len(cfg.model.layer_ids())} layers, {gib:g} GiB, 90% for weights + caches")
+    print(fit_table(cfg.model, cfg.parallel.tp, dtype, int(gib * 2**30), [4096, 32768, 65536, 131072],
+                    cfg.runtime.weight_format == "fp8"))
