@@ -174,9 +174,9 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr):
     nope = e4m3_decode(codes) * exp2_int(sc - 127)
     rd = tl.maximum(d - DN, 0)
     rm = ok[:, None] & ((d >= DN) & (d < DN + DR))[None, :]
-    lo = tl.load(p + DN + 2 * rd[None, :], mask=rm, other=0).to(tl.int32)
-    hi = tl.load(p + DN + 2 * rd[None, :] + 1, mask=rm, other=0).to(tl.int32)
-    rope = (((hi << 8) | lo) << 16).to(tl.float32, bitcast=True)
+    rp = (p + DN).to(tl.pointer_type(tl.uint16))  # 2-byte aligned: rows are multiples of 8 bytes, DN even
+    bits = tl.load(rp + rd[None, :], mask=rm, other=0).to(tl.int32)  # bf16 bits: fp32 = bits << 16, exact
+    rope = (bits << 16).to(tl.float32, bitcast=True)
     return tl.where((d < DN)[None, :], nope, rope)
 
 
@@ -184,9 +184,8 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr):
 def store_row(ptr, y, DN: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr, NB: tl.constexpr):
     """One attention row y [BLOCK_D] fp32 (dims >= DN + DR ignored) into NB bytes at uint8 pointer ptr."""
     d = tl.arange(0, BLOCK_D)
-    G: tl.constexpr = BLOCK_D // 64
-    blocks = tl.reshape(tl.where(d < DN, y, 0.0), (G, 64))
-    k = pow2_exp(tl.max(tl.abs(blocks), axis=1))  # [G]; blocks past DN/64 are unused
+    blocks = tl.reshape(tl.where(d < DN, y, 0.0), (BLOCK_D // 64, 64))
+    k = pow2_exp(tl.max(tl.abs(blocks), axis=1))  # [BLOCK_D / 64]; blocks past DN/64 are unused
     scaled = tl.reshape(blocks * exp2_int(-k)[:, None], (BLOCK_D,))
     codes = e4m3_encode(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
     tl.store(ptr + d, codes.to(tl.uint8), mask=d < DN)
@@ -195,7 +194,7 @@ def store_row(ptr, y, DN: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr,
     bf = bf16_bits(y)
     tl.store(ptr + DN + 2 * rd, (bf & 255).to(tl.uint8), mask=rm)
     tl.store(ptr + DN + 2 * rd + 1, (bf >> 8).to(tl.uint8), mask=rm)
-    g = tl.arange(0, G)
+    g = tl.arange(0, BLOCK_D // 64)
     tl.store(ptr + DN + 2 * DR + g, (k + 127).to(tl.uint8), mask=g < DN // 64)
     tail = DN + 2 * DR + DN // 64 + tl.arange(0, 8)  # zero padding
     tl.store(ptr + tail, tl.zeros([8], tl.int32).to(tl.uint8), mask=tail < NB)
