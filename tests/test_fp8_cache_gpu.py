@@ -364,3 +364,31 @@ def test_tiny_run_with_fp8_caches_triton_matches_torch(mode):
     ref = in_process(load_config(TINY, base + ["runtime.kernels=torch", "graph.mode=eager"]), keep_outputs=True)
     assert tri.kernels == "triton" and ref.kernels == "torch"
     assert max_rel_err(tri.outputs, ref.outputs) <= FP8_CACHE_TOLERANCES["float32"]
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="the bench with FP8 caches needs a CUDA device")
+def test_tiny_bench_with_cache_format_lanes(tmp_path, capsys):
+    # bf16 and FP8 caches as interleaved lanes of one sweep (tiny dims with 64-dim nope blocks): records carry
+    # the cache format, memory per rank and the fit table; the roofline counts fewer cache bytes for FP8.
+    from pathlib import Path
+
+    from tp_runtime.bench.report import read_jsonl
+    from tp_runtime.cli import main as cli_main
+
+    sweep = Path(__file__).resolve().parents[1] / "configs" / "bench_tiny.yaml"
+    rc = cli_main(["bench", str(sweep), "runtime.device=cuda", "grid.parallel.tp=[1]", "model.head_dim=72",
+                   "grid.modes=[full@kv_bf16,full@kv_fp8]", "bench.prefill_check=false", f"bench.output={tmp_path}"])
+    assert rc == 0
+    capsys.readouterr()
+    points = read_jsonl(tmp_path / "tiny" / "points.jsonl")
+    by = {(p["mode"], p["batch"], p["context"]): p for p in points}
+    for (mode, batch, ctx), p in by.items():
+        assert p["cache_format"] == ("fp8" if mode.endswith("kv_fp8") else "bf16") and p["outputs_finite"]
+        assert p["memory_bytes_per_rank"] == p["weight_bytes_per_rank"] + p["cache_bytes_per_rank"] > 0
+        assert all(b > 0 for b in p["largest_batch_by_context"].values())
+        if mode.endswith("kv_fp8"):
+            other = by[("full@kv_bf16", batch, ctx)]
+            assert p["roofline_cache_bytes"] < other["roofline_cache_bytes"]
+            assert p["cache_bytes_per_rank"] < other["cache_bytes_per_rank"]
+    comps = read_jsonl(tmp_path / "tiny" / "comparisons.jsonl")
+    assert any(c["what"] == "kv_fp8_vs_bf16" for c in comps)

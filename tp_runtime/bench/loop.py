@@ -471,7 +471,9 @@ _PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable
     ("full_vs_narrow", "full_and_breakable", "breakable-narrow")] + [
     ("fp8_vs_bf16", f"{m}@fp8", m) for m in MODES] + [
     ("triton_vs_torch", f"{m}@triton", f"{m}@torch") for m in MODES] + [
-    ("fp8_vs_bf16", f"{m}@fp8+triton", f"{m}@triton") for m in MODES]
+    ("fp8_vs_bf16", f"{m}@fp8+triton", f"{m}@triton") for m in MODES] + [
+    ("kv_fp8_vs_bf16", f"{m}@kv_fp8", base) for m in MODES for base in (m, f"{m}@kv_bf16")] + [
+    ("kv_fp8_vs_bf16", f"{m}@{k}+kv_fp8", f"{m}@{k}+kv_bf16") for m in MODES for k in ("triton", "torch", "fp8")]
 
 
 def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:
