@@ -1,6 +1,6 @@
 """Time the Triton kernels of stage B against the torch path at Flash dims (one decode token per sequence).
 
-    python3 benchmarks/time_kernels.py OUT_DIR [--sweep]
+    python3 benchmarks/time_kernels.py OUT_DIR [--sweep] [--fp8-cache]
 
 Per point (batch x context), per kernel family, three variants:
   torch/ctx     the torch path with its candidate sets sized from the context (the eager, dynamic path)
@@ -10,7 +10,9 @@ Each variant is captured in a CUDA graph once and its replay timed with triton.t
 (median; L2 flushed between replays), so in-graph launch gaps count but host launch cost does not.
 `bytes` is what the kernel must read (q, candidate rows or indexer keys, indices) and write (its
 output), at the context's live counts; `bw %` is bytes / time over a read bandwidth measured here.
---sweep also times a few launch configurations of the attention kernel.
+--sweep also times a few launch configurations of the attention kernel. --fp8-cache stores the window, kv,
+compressed rows and indexer keys in the FP8 layouts (584-byte rows, 132-byte keys; ops/cache_fp8.py), read
+in place by the kernels and gathered then dequantized by the torch path; `bytes` counts the stored bytes.
 Writes table.md and timings.json to OUT_DIR.
 """
 
@@ -30,6 +32,7 @@ from tp_runtime.model.attention import sparse_attention_torch  # noqa: E402
 from tp_runtime.model.rope import RotaryTable  # noqa: E402
 from tp_runtime.model.step_index import ring_index  # noqa: E402
 from tp_runtime.ops import torch_path  # noqa: E402
+from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes  # noqa: E402
 from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
 from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink  # noqa: E402
 
@@ -38,6 +41,16 @@ M = ModelConfig()
 H, D, W, K, IH, ID = M.num_attention_heads, M.head_dim, M.sliding_window, M.index_topk, M.index_n_heads, M.index_head_dim
 MAX_LEN = 36944  # the full-graph bench's runtime.max_len (32K contexts + decode room)
 DT = torch.bfloat16
+FP8 = "--fp8-cache" in sys.argv
+ROW_B = row_bytes(D, M.qk_rope_head_dim) if FP8 else 2 * D  # bytes of a stored attention row
+KEY_B = key_bytes(ID) if FP8 else 2 * ID
+
+
+def stored(x: torch.Tensor, key: bool = False) -> torch.Tensor:
+    """Cache rows as the run stores them: bf16, or FP8 bytes with --fp8-cache."""
+    if not FP8:
+        return x
+    return quantize_keys(x) if key else quantize_rows(x, M.qk_rope_head_dim)
 
 
 def graph_time(fn) -> float:
@@ -70,13 +83,13 @@ def decode_step(batch: int, ctx: int):
     def randn(*shape, s=1.0):
         return (torch.randn(*shape, generator=g, device=DEV) * s).to(DT)
 
-    return dict(slot=slot, pos=pos, ring=ring, cis=table.at(pos), q=randn(batch, H, D, s=3.0), kv=randn(batch, D),
-                window=randn(slots + 1, W, D), sink=torch.randn(H, generator=g, device=DEV), randn=randn, slots=slots)
+    return dict(slot=slot, pos=pos, ring=ring, cis=table.at(pos), q=randn(batch, H, D, s=3.0),
+                kv=stored(randn(batch, D)), window=stored(randn(slots + 1, W, D)), sink=torch.randn(H, generator=g, device=DEV), randn=randn, slots=slots)
 
 
 def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]:
     s = decode_step(batch, ctx)
-    comp = s["randn"](s["slots"] + 1, -(-MAX_LEN // ratio), D)
+    comp = stored(s["randn"](s["slots"] + 1, -(-MAX_LEN // ratio), D))
     n_done = (s["pos"] + 1) // ratio
     live = ctx // ratio
     if ratio == 4:
@@ -92,12 +105,12 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
         return (s["q"], s["kv"], s["window"], s["ring"], comp, s["slot"], picks, n_done, c, s["sink"], D ** -0.5,
                 s["cis"])
 
-    nbytes = batch * (2 * H * D * 2 + (W + n_live) * D * 2 + (W + n_live) * 8)
+    nbytes = batch * (2 * H * D * 2 + (W + n_live) * ROW_B + (W + n_live) * 8)
     name = f"attention r={ratio}"
     rows = [dict(kernel=name, variant="torch/ctx", ms=graph_time(lambda: sparse_attention_torch(*args(c_ctx), out))),
             dict(kernel=name, variant="torch/static",
                  ms=graph_time(lambda: sparse_attention_torch(*args(c_static), out)))]
-    cfg = attn_config(batch, H, W + c_static, D, torch.cuda.get_device_properties(DEV).multi_processor_count)
+    cfg = attn_config(batch, H, W + c_static, D, torch.cuda.get_device_properties(DEV).multi_processor_count, FP8)
     rows.append(dict(kernel=name, variant="triton", config=cfg._asdict(),
                      ms=graph_time(lambda: sparse_attention_sink(*args(c_static), out, config=cfg))))
     if sweep:
@@ -120,12 +133,12 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
 
 def indexer_point(batch: int, ctx: int) -> list[dict]:
     s = decode_step(batch, ctx)
-    keys = s["randn"](s["slots"] + 1, -(-MAX_LEN // 4), ID)
+    keys = stored(s["randn"](s["slots"] + 1, -(-MAX_LEN // 4), ID), key=True)
     q = s["randn"](batch, IH, ID)
     w = s["randn"](batch, IH)
     n_valid = (s["pos"] + 1) // 4
     live = ctx // 4
-    nbytes = batch * (IH * ID * 2 + IH * 2 + live * ID * 2 + K * 8)
+    nbytes = batch * (IH * ID * 2 + IH * 2 + live * KEY_B + K * 8)
 
     def run(fn, n_keys):
         return lambda: fn(q, w, keys, s["slot"], n_valid, n_keys, K)
@@ -155,9 +168,11 @@ def main() -> None:
         if r["ms"]:
             r["bw_share"] = r["bytes"] / (r["ms"] / 1e3) / bw
     env = dict(device=torch.cuda.get_device_name(DEV), torch=torch.__version__, cuda=torch.version.cuda,
-               triton=triton.__version__, read_GBps=bw / 1e9, max_len=MAX_LEN, dtype=str(DT))
+               triton=triton.__version__, read_GBps=bw / 1e9, max_len=MAX_LEN, dtype=str(DT),
+               cache_format="fp8" if FP8 else "bf16")
     (out / "timings.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
-    lines = [f"read bandwidth (sum over 2 GiB): {bw / 1e9:.0f} GB/s; max_len {MAX_LEN}; bf16; Flash dims, tp 1", "",
+    lines = [f"read bandwidth (sum over 2 GiB): {bw / 1e9:.0f} GB/s; max_len {MAX_LEN}; bf16, {env['cache_format']} "
+             "caches; Flash dims, tp 1", "",
              "| kernel | batch | ctx | torch/ctx us | torch/static us | triton us | static / triton | "
              "bytes (MB) | triton bw % |", "|---|---|---|---|---|---|---|---|---|"]
     key = {}

@@ -171,7 +171,7 @@ class AttnConfig(NamedTuple):
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
 
 
-def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int) -> AttnConfig:
+def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False) -> AttnConfig:
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
@@ -179,11 +179,15 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     partials) is what decode at small batch pays, so more, shorter programs win there. With many tokens,
     32 heads a program halve how often each gathered row is read. From the H200 sweep at Flash dims
     (benchmarks/time_kernels.py --sweep, ratio 4 / 128): batch 1 / 4K 37 -> 25 / 34 -> 22 us; batch 32 /
-    4K 114 -> ~62 / 38 -> ~36 us."""
+    4K 114 -> ~62 / 38 -> ~36 us.
+
+    fp8 (rows read as bytes and dequantized in registers): 32 candidates a block for wide rows, half the
+    bf16 tile, since the byte, scale and rope loads and their decoding hold more registers than one bf16
+    tile; not yet measured against 64 (benchmarks/time_kernels.py's sweep is where to check it)."""
     few = n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm
     wide = head_dim >= 256
     block_h = 16 if few or not wide or n_heads <= 16 else 32
-    block_n = 64 if wide else 16
+    block_n = (32 if fp8 else 64) if wide else 16
     base = n_tokens * triton.cdiv(n_heads, block_h)
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
     split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
@@ -200,10 +204,11 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     """Attention of T tokens over their window and compressed rows, inverse rotary, into out [T, Hl*D].
 
     q [T, Hl, D] (normed, roped); kv [T, D] this step's rows (the ring must not yet hold them);
-    window [slots, W, D] (FP8 caches: kv, window and compressed are uint8 rows of row bytes); ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or
-    None (window-only layer); slot [T]; picks [T, C] (ratio 4, -1 = none, valid first) or None
-    (ratio 128: every entry < n_done[t], at most n_comp); n_done [T] completed entries; n_comp: C, the
-    host bound on compressed candidates; sink [Hl] fp32; cis [T, Dr/2] complex64 at pos.
+    window [slots, W, D] (FP8 caches: kv, window and compressed are uint8 rows of row bytes); ring: the
+    RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only layer); slot [T];
+    picks [T, C] (ratio 4, -1 = none, valid first) or None (ratio 128: every entry < n_done[t], at most
+    n_comp); n_done [T] completed entries; n_comp: C, the host bound on compressed candidates; sink [Hl]
+    fp32; cis [T, Dr/2] complex64 at pos.
     """
     T, H, D = q.shape
     if T == 0:
@@ -212,13 +217,13 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     dr = 2 * cis.shape[-1]
     has_comp = compressed is not None and n_comp > 0
     C = n_comp if has_comp else 0
-    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device))
+    fp8 = window.dtype == torch.uint8
+    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8)
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)
     block_d = triton.next_power_of_2(D)
     assert q.stride(2) == 1 and kv.stride(1) == 1 and window.is_contiguous() and out.stride(1) == 1
     cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
-    fp8 = window.dtype == torch.uint8
     assert kv.dtype == window.dtype and (compressed is None or compressed.dtype == window.dtype)
     win = window.view(-1, window.shape[-1])
     comp = compressed if has_comp else window
