@@ -83,9 +83,19 @@ def test_messages_the_kernels_do_not_take_go_to_nccl():
     assert route("symm_one_shot", 64 * KB, 8 * KB + 2, torch.bfloat16) == "nccl"  # not a multiple of 16 bytes
     assert route("symm_one_shot", 64 * KB, 8 * KB, torch.float16) == "nccl"  # the kernels reduce bf16 / fp32
     assert route("symm_one_shot", 64 * KB, 8 * KB, torch.float64) == "nccl"
-    assert route("symm_one_shot", 64 * KB, 8 * KB, torch.bfloat16, contiguous=False) == "nccl"
+    assert route("symm_one_shot", 64 * KB, 8 * KB, torch.bfloat16, dense=False) == "nccl"
     assert route("symm_one_shot", 64 * KB, 0, torch.bfloat16) == "nccl"
     assert route("gloo", 64 * KB, 8 * KB, torch.float32) == "gloo"
+
+
+def test_a_view_off_the_16_byte_grid_goes_to_nccl():
+    from tp_runtime.parallel.allreduce import AllReduce
+
+    ar = AllReduce("symm_one_shot", "symm_one_shot", "test", threshold_bytes=64 * KB, world=2)
+    base = torch.zeros(1024)
+    assert ar.route(base[4:516]) == "symm_one_shot"  # starts 16 bytes in
+    assert ar.route(base[1:513]) == "nccl"  # starts 4 bytes in: the kernels' vector access would fault
+    assert ar.route(base.view(32, 32)[:, :16]) == "nccl"  # not contiguous
 
 
 def test_the_threshold_is_where_one_shot_stops_winning():

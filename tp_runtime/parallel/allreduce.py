@@ -110,13 +110,14 @@ def decide(requested: str, f: Facts) -> tuple[str, str]:
                          "use parallel.allreduce=auto (falls back to NCCL) or nccl")
 
 
-def route(path: str, threshold_bytes: int, nbytes: int, dtype: torch.dtype, contiguous: bool = True) -> str:
-    """The path one message takes: the group's symm path when the kernels take it and it is small enough,
-    else the group's backend (NCCL: a symm path exists only on NCCL groups)."""
+def route(path: str, threshold_bytes: int, nbytes: int, dtype: torch.dtype, dense: bool = True) -> str:
+    """The path one message takes: the group's symm path when the kernels take it (dense: contiguous and
+    starting on a 16-byte boundary, as their vector loads and stores need) and it is small enough, else the
+    group's backend (NCCL: a symm path exists only on NCCL groups)."""
     if path not in SYMM_PATHS:
         return path
     fits = 0 < nbytes <= threshold_bytes and nbytes % ALIGN_BYTES == 0
-    return path if fits and dtype in SYMM_DTYPES and contiguous else "nccl"
+    return path if fits and dtype in SYMM_DTYPES and dense else "nccl"
 
 
 def choose(requested: str, *, backend: str, world: int, nodes: int | None, peer_access: bool,
@@ -149,7 +150,8 @@ class AllReduce:
         return self.buffer is not None
 
     def route(self, x: torch.Tensor) -> str:
-        return route(self.path, self.threshold_bytes, x.numel() * x.element_size(), x.dtype, x.is_contiguous())
+        dense = x.is_contiguous() and x.storage_offset() * x.element_size() % ALIGN_BYTES == 0
+        return route(self.path, self.threshold_bytes, x.numel() * x.element_size(), x.dtype, dense)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """In-place sum of x over the group."""
