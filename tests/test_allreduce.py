@@ -192,6 +192,23 @@ def test_heartbeat_watch_acts_once_a_peer_is_silent_for_the_limit():
         peer.stop()
 
 
+def test_heartbeat_watch_ignores_a_peer_that_finished_its_run():
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    me, peer = Heartbeat(server, 0, 2, 0.05, None), Heartbeat(client, 1, 2, 0.05, None)
+    fired = []
+    me.watch(0.3, fired.append)
+    try:
+        time.sleep(0.3)
+        peer.finish()  # rank 1 is done while rank 0 still writes its results
+        time.sleep(1.0)
+        assert not fired
+    finally:
+        me.stop()
+        peer.stop()
+
+
 DRAIN = """
 import time, torch
 from tp_runtime.parallel.allreduce import AllReduce

@@ -48,7 +48,10 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
         worker = worker_cls(cfg, tp, oneshot=oneshot)
         if beat is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
             beat.watch(p.timeout_s, lambda lost: _exit_lost(beat, lost, tp.rank, p.timeout_s))
-        return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+        result = drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+        if beat is not None:
+            beat.finish()  # rank 0 may still write the results: this rank's silence is not a loss
+        return result
     except Exception as e:
         if beat is not None and (lost := beat.silent_peers()):
             raise _peers_lost(beat, lost, tp.rank, p.timeout_s) from e

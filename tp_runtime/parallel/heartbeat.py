@@ -124,10 +124,25 @@ class Heartbeat:
                 return
             limit, on_lost = self._watch
             lost = self._silent_for(limit)
-            if lost:
-                self._watch = None  # once
+        lost = [s for s in lost if not self._finished(s.rank)]  # a peer that ended its run is not lost
         if lost:
+            with self._lock:
+                self._watch = None  # once
             on_lost(lost)
+
+    def _finished(self, rank: int | None) -> bool:
+        try:
+            return rank is not None and self._store.check([f"done/{rank}"])
+        except Exception:  # noqa: BLE001 - the store is gone: nobody said they finished
+            return False
+
+    def finish(self) -> None:
+        """Say this rank's run ended normally (peers' watches stop counting its silence), then stop."""
+        try:
+            self._store.set(f"done/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - best effort: a peer's watch then acts after its limit
+            pass
+        self.stop()
 
     def _silent(self, rank: int | None, age_s: float) -> Silent:
         return Silent(rank, age_s, **self._who.get(rank, {}))
