@@ -5,6 +5,7 @@ bench's all-reduce lanes. The symmetric-memory kernels themselves: tests/test_al
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from conftest import REPO, STOP, STOP_TIMEOUT_S, TINY, TINY_PATH, child_env, free_port, last_json, run_cli, stopped_at
 from tp_runtime.bench.loop import Lane, Seqs, _allreduce_pairs, _shard_key
-from tp_runtime.bench.sweep_config import split_mode
+from tp_runtime.bench.sweep_config import load_sweep, split_mode
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.parallel.allreduce import (AllReduceError, choose, decide, Facts, route, setup_allreduce,
                                            threshold_from)
@@ -237,6 +238,22 @@ def test_allreduce_lane_words_and_their_comparison():
     lanes = [lane("full@triton"), lane("full@triton+nccl"), lane("full"), lane("full@triton", True),
              lane("full@triton+nccl", True)]
     assert _allreduce_pairs(lanes) == [("allreduce_vs_nccl", "full@triton", "full@triton+nccl")]
+
+
+def test_a_tp2_sweep_with_an_nccl_lane_records_and_compares_the_all_reduce(tmp_path):
+    r = run_cli(["bench", "configs/bench_tiny.yaml", "grid.parallel.tp=[2]", "grid.bench.batch=[2]",
+                 "grid.bench.context=[12]", "grid.modes=[eager,eager@nccl]", "bench.prefill_check=false",
+                 f"bench.output={tmp_path}"], timeout_s=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    points = [json.loads(line) for line in (tmp_path / "tiny" / "points.jsonl").read_text().splitlines()]
+    comps = [json.loads(line) for line in (tmp_path / "tiny" / "comparisons.jsonl").read_text().splitlines()]
+    assert {(p["mode"], p["allreduce"], p["allreduce_requested"]) for p in points} == {
+        ("eager", "gloo", "auto"), ("eager@nccl", "gloo", "nccl")}
+    assert all(p["allreduce_ms_path"] == "gloo" and p["allreduce_ms_eager"] > 0 for p in points)
+    assert [(c["variant_lane"], c["baseline"]) for c in comps if c["what"] == "allreduce_vs_nccl"] == [
+        ("eager", "eager@nccl")]
+    sweep = load_sweep(REPO / "configs" / "bench_tiny.yaml", ["grid.modes=[eager,eager@nccl]"])
+    assert sweep.worker_config(2, sweep.variants()[0], "eager@nccl").parallel.allreduce == "nccl"
 
 
 def test_allreduce_lanes_get_their_own_shard_at_tp_above_1_only():

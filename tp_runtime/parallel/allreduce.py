@@ -131,7 +131,7 @@ def choose(requested: str, *, backend: str, world: int, nodes: int | None, peer_
 # ---------------------------------------------------------------- the strategy a group carries
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: TPGroup values that carry it stay hashable
 class AllReduce:
     """The chosen all-reduce of one group: its path, the symmetric buffer (symm paths), the threshold."""
 
@@ -263,7 +263,9 @@ def _symm_buffer(nbytes: int, tp) -> torch.Tensor:
 
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # NVLink multicast stays off here
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-    if enable is not None:  # needed by older torch; deprecated (a no-op need) in 2.11 and later
+    if enable is not None and getattr(enable, "__deprecated__", None) is None:
+        # Older torch needs the group registered first; where the call is deprecated (2.11 and 2.13 here)
+        # rendezvous resolves the group by name, so it is skipped.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             enable(tp.group.group_name)
