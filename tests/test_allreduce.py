@@ -14,13 +14,13 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import REPO, STOP, STOP_TIMEOUT_S, TINY, TINY_PATH, child_env, free_port, last_json, run_cli, stopped_at
+
 from tp_runtime.bench.loop import Lane, Seqs, _allreduce_pairs, _shard_key
 from tp_runtime.bench.sweep_config import load_sweep, split_mode
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.parallel.allreduce import (AllReduceError, choose, decide, Facts, route, setup_allreduce,
-                                           threshold_from)
+from tp_runtime.parallel.allreduce import (AllReduceError, Facts, choose, decide, route,
+                                           setup_allreduce, threshold_from)
 from tp_runtime.parallel.group import single_process
 from tp_runtime.parallel.heartbeat import Heartbeat
 

@@ -1,7 +1,7 @@
 """The symmetric-memory all-reduce on GPUs (pytest -m gpu; skipped below 2 CUDA GPUs): parity with NCCL at
 many sizes in bf16 and fp32, back-to-back calls inside one CUDA graph, every rank's result equal, a tp = 2 run
 that matches NCCL's, and a dead or stopped rank ending the run within the stated bound (parallel.timeout_s +
-a few seconds: parallel/allreduce.py). Ranks are real processes (torchrun, the local launcher), each command
+10 s: parallel/allreduce.py). Ranks are real processes (torchrun, the local launcher), each command
 bounded by a timeout."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import MARK, REPO, TINY, child_env, last_json, reap, run_cli, stopped_at
 
 N_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -86,7 +85,7 @@ def test_a_killed_rank_ends_a_symmetric_memory_run_in_bounded_time():
               "parallel.timeout_s=10"], timeout_s=120)
     assert r.returncode == 1, r.stderr[-4000:]
     assert "rank 1 failed" in r.stderr or "rank 1" in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
-    assert time.monotonic() - t0 < 90  # start-up (~30 s with capture) + the bound (timeout_s + a few s)
+    assert time.monotonic() - t0 < 90  # start-up (~30 s with capture) + the bound (timeout_s + 10 s)
 
 
 def test_a_stopped_rank_ends_a_symmetric_memory_run_within_the_timeout():
@@ -96,4 +95,4 @@ def test_a_stopped_rank_ends_a_symmetric_memory_run_within_the_timeout():
     assert r.returncode == 1, r.stderr[-4000:]
     assert "rank 1 (host " in r.stderr and "stopped answering" in r.stderr, r.stderr[-3000:]
     after = r.ended - stopped_at(r.stderr, 1)
-    assert after < timeout_s + 10, after  # the watch acts at timeout_s (+ a period), then kill and exit
+    assert after < timeout_s + 10 + 5, after  # the bound, plus the launcher's teardown

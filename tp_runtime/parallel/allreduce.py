@@ -35,10 +35,12 @@ ops do not call); NCCL's watchdog does not see them. So, with a symm path in use
     dead process and stop the rest), or through the next step's plan broadcast (gloo) failing at once;
   - a rank that hangs is caught by the heartbeat watchdog (heartbeat.Heartbeat.watch): a peer silent for
     parallel.timeout_s is named, killed when on this machine, and this rank exits (status 1);
-  - teardown after a failure does not wait on a spinning kernel: group.shutdown bounds the device drain by
-    parallel.timeout_s, then exits.
-Bound: a dead or hung peer ends every rank within parallel.timeout_s + 2 s (one heartbeat period, the kill
-and the exit).
+  - teardown after a failure does not wait on a spinning kernel: group.shutdown waits at most
+    DRAIN_LIMIT_S (10 s, or parallel.timeout_s when smaller) for the device, then exits.
+Bound: a dead or hung peer ends every rank within parallel.timeout_s + 10 s: the limit of the collective
+(gloo's plan broadcast) or of the heartbeat watch, then at most the drain limit. In practice the launcher
+ends the rest as soon as one rank has exited (the watch's exit, or the SIGKILL of a silent peer on this
+machine), so it is parallel.timeout_s + a few seconds.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ SYMM_DTYPES = (torch.bfloat16, torch.float32)  # what torch's one-shot / two-sho
 ALIGN_BYTES = 16  # the kernels' vector width: a message's bytes must be a multiple of it
 MAX_SYMM_BYTES = 8 << 20  # buffer cap: above a few MB NCCL's ring is at least as fast on NVLink
 PROBE_BYTES = (8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20)  # sizes timed by auto at start-up
+DRAIN_LIMIT_S = 10.0  # teardown's wait for the device where a symm path is in use (healthy drains: ms)
 PROBE_CALLS, PROBE_REPLAYS = 10, 5  # calls captured back to back per graph; timed replays (median)
 
 
@@ -142,7 +145,7 @@ class AllReduce:
     buffer: torch.Tensor | None = None  # uint8 [buffer_bytes], symmetric over the group
     threshold_bytes: int = 0  # messages up to this take `path` (a symm path); larger ones NCCL
     world: int = 1
-    drain_s: float = 60.0  # teardown waits at most this long for the device (group.shutdown)
+    drain_s: float = DRAIN_LIMIT_S  # teardown waits at most this long for the device (group.shutdown)
     probe_us: dict = field(default_factory=dict)  # bytes -> {"nccl": us, "symm": us} (auto, rank 0's)
 
     @property
@@ -243,7 +246,8 @@ def setup_allreduce(tp, requested: str, max_bytes: int, dtype: torch.dtype, time
     import dataclasses
 
     path, reason = decide(requested, gather_facts(tp))
-    ar = AllReduce(requested, path, reason, group=tp.group, world=tp.size, drain_s=timeout_s)
+    ar = AllReduce(requested, path, reason, group=tp.group, world=tp.size,
+                   drain_s=min(timeout_s, DRAIN_LIMIT_S))
     if path in SYMM_PATHS:
         nbytes = max(ALIGN_BYTES, min(MAX_SYMM_BYTES, max_bytes) // ALIGN_BYTES * ALIGN_BYTES)
         ar.buffer = _symm_buffer(nbytes, tp)
@@ -284,8 +288,8 @@ def _measure_threshold(ar: AllReduce, tp, dtype: torch.dtype) -> None:
     times = {}
     for s in sizes:  # every size on every rank: the probes are collectives, so no rank may stop early
         x = torch.zeros(s // dtype.itemsize, dtype=dtype, device=tp.device)  # zeros: repeated sums stay finite
-        times[s] = {"nccl": _graph_us(lambda: dist.all_reduce(x, group=ar.group), tp.device),
-                    "symm": _graph_us(lambda: ar(x), tp.device)}
+        times[s] = {"nccl": _graph_us(lambda x=x: dist.all_reduce(x, group=ar.group), tp.device),
+                    "symm": _graph_us(lambda x=x: ar(x), tp.device)}
     threshold = threshold_from(times, cap)
     agreed = torch.tensor([threshold], dtype=torch.long)
     dist.broadcast(agreed, src=0, group=tp.cpu_group)
