@@ -254,7 +254,7 @@ def setup_allreduce(tp, requested: str, max_bytes: int, dtype: torch.dtype, time
         ar.threshold_bytes = nbytes
         if requested == "auto":
             _measure_threshold(ar, tp, dtype)
-    if tp.rank == 0:
+    if tp.rank == 0 and tp.size > 1:  # tp = 1 has no all-reduce to speak of (its report still says so)
         print(f"tp_runtime: all-reduce: {ar.label()} ({ar.reason})", file=sys.stderr, flush=True)
     return dataclasses.replace(tp, allreduce=ar)
 
