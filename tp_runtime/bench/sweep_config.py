@@ -34,10 +34,13 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
          "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
          "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
-# A mode may name runtime settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton"):
-# a weight format (runtime.weight_format) and / or stage-B kernels (runtime.kernels). Its lanes run on a
-# shard of their own, interleaved with the other modes' lanes (bf16 vs fp8, torch vs triton in one point).
-LANE_SETTINGS = {"bf16": "weight_format", "fp8": "weight_format", "torch": "kernels", "triton": "kernels"}
+# A mode may name settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton+nccl"):
+# a weight format (runtime.weight_format), stage-B kernels (runtime.kernels) and / or the layer all-reduce
+# (parallel.allreduce). Its lanes run on a shard of their own (at tp > 1 for the all-reduce), interleaved
+# with the other modes' lanes (bf16 vs fp8, torch vs triton, auto vs nccl all-reduce in one point).
+LANE_SETTINGS = {"bf16": "weight_format", "fp8": "weight_format", "torch": "kernels", "triton": "kernels",
+                 "nccl": "allreduce", "symm_one_shot": "allreduce", "symm_two_shot": "allreduce"}
+LANE_SECTIONS = {"allreduce": "parallel"}  # the section of a lane setting's key (default: runtime)
 
 
 def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
@@ -123,7 +126,8 @@ class SweepConfig:
         base_mode, settings = split_mode(mode)
         graph_mode, scope = MODES[base_mode]
         data.setdefault("parallel", {})["tp"] = tp
-        data.setdefault("runtime", {}).update(settings)
+        for key, word in settings.items():
+            data.setdefault(LANE_SECTIONS.get(key, "runtime"), {})[key] = word
         # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
         slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(
