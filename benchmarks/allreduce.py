@@ -1,13 +1,17 @@
-"""All-reduce latency and bus bandwidth from 8 KB to 64 MB, eager and inside a CUDA graph.
+"""All-reduce latency and bus bandwidth, NCCL against torch's symmetric-memory one-shot and two-shot kernels
+(parallel/allreduce.py), 8 KB to 4 MB, eager and inside a CUDA graph.
 
-    python benchmarks/allreduce.py --nproc 2                      # ranks started by the elastic agent
-    torchrun --nproc-per-node 4 benchmarks/allreduce.py           # ranks started by torchrun
-    python benchmarks/allreduce.py --nproc 2 --device cpu         # gloo on CPU: the eager half only
+    torchrun --nproc-per-node 2 benchmarks/allreduce.py --out DIR      # ranks started by torchrun (2 or 4)
+    python benchmarks/allreduce.py --nproc 4 --out DIR                  # ranks started by the elastic agent
+    python benchmarks/allreduce.py --nproc 2 --device cpu               # gloo on CPU: NCCL's column, eager only
 
-Message = a 1-D tensor of the given bytes in --dtype. Latency: median over --iters all-reduces, by CUDA
-events (GPU) or perf_counter (CPU); in-graph: --iters all-reduces captured in one CUDA graph, median
-replay time / iters. Bus bandwidth = bytes / latency * 2 (n - 1) / n (the bytes each link carries in a
-ring all-reduce). Prints a table, writes <output>/allreduce_<device>_<n>ranks.json, ends with a JSON line.
+Message = a 1-D tensor of the given bytes in --dtype (bf16 by default). Each path is the group's all-reduce
+set up as the runtime sets it up (setup_allreduce with parallel.allreduce=nccl | symm_one_shot |
+symm_two_shot, its buffer sized for the largest message); a path that cannot run here is recorded as
+skipped with the reason. Latency: median over --iters calls, by CUDA events (GPU) or perf_counter (CPU),
+after 3 untimed calls; in-graph: --iters calls captured back to back in one CUDA graph, median replay time
+/ iters (one warm replay excluded). Bus bandwidth = bytes / latency * 2 (n - 1) / n (what each link carries in
+a ring all-reduce). Prints a table, writes <out>/allreduce_<device>_<n>ranks.json, ends with a JSON line.
 """
 
 from __future__ import annotations
@@ -41,28 +45,61 @@ def bus_GBps(nbytes: int, ms: float | None, ranks: int) -> float | None:
     return nbytes / (ms * 1e-3) * 2 * (ranks - 1) / ranks / 1e9
 
 
+PATHS = ("nccl", "symm_one_shot", "symm_two_shot")
+COLUMNS = {"nccl": "", "symm_one_shot": "one_shot_", "symm_two_shot": "two_shot_"}  # row key prefix per path
+
+
+def _time_path(tp, path: str, dtype: torch.dtype, opts: dict) -> tuple[list[dict] | None, str]:
+    """Rows of one path at every size, or (None, why it was skipped). Collective: every rank, same order."""
+    from tp_runtime.parallel.allreduce import AllReduceError, setup_allreduce
+
+    try:
+        group = setup_allreduce(tp, path, opts["max_bytes"], dtype, opts["timeout_s"])
+    except AllReduceError as e:
+        return None, f"skipped: {e}"
+    rows = []
+    for nbytes in sizes(opts["min_bytes"], opts["max_bytes"]):
+        numel = max(1, nbytes // dtype.itemsize)
+        t = allreduce_ms(group, (numel,), dtype, opts["iters"])
+        rows.append({"bytes": numel * dtype.itemsize, "eager_ms": t["allreduce_ms_eager"],
+                     "graph_ms": t["allreduce_ms_graph"], "took": t["allreduce_ms_path"]})
+    return rows, group.allreduce.label()
+
+
+def _row(nbytes: int, per_path: dict[str, list[dict] | None], ranks: int) -> dict:
+    """One table row: every path's eager and in-graph microseconds and bus GB/s at nbytes."""
+    row = {"bytes": nbytes}
+    for path, rows in per_path.items():
+        r = next((x for x in rows or [] if x["bytes"] == nbytes), None)
+        pre = COLUMNS[path]
+        eager, graph = (r["eager_ms"], r["graph_ms"]) if r else (None, None)
+        row.update({f"{pre}eager_us": None if eager is None else eager * 1e3,
+                    f"{pre}eager_bus_GBps": bus_GBps(nbytes, eager, ranks),
+                    f"{pre}graph_us": None if graph is None else graph * 1e3,
+                    f"{pre}graph_bus_GBps": bus_GBps(nbytes, graph, ranks)})
+        if r and r["took"] != path and path != "nccl":  # a message the path does not take (dtype, alignment)
+            row[f"{pre}took"] = r["took"]
+    return row
+
+
 def allreduce_entry(opts: dict) -> dict | None:
-    """Every rank: join the group, time each size; rank 0 returns the result."""
+    """Every rank: join the group, time every path at every size; rank 0 returns the result."""
     tp = init_from_env(opts["device"], "auto", opts["timeout_s"])
     try:
         dtype = DTYPES[opts["dtype"]]
         allreduce_ms(tp, (1024,), dtype, 3)  # untimed: connection set-up and lazy initialisation
-        rows = []
-        for nbytes in sizes(opts["min_bytes"], opts["max_bytes"]):
-            numel = max(1, nbytes // dtype.itemsize)
-            t = allreduce_ms(tp, (numel,), dtype, opts["iters"])
-            eager, graph = t["allreduce_ms_eager"], t["allreduce_ms_graph"]
-            rows.append({"bytes": numel * dtype.itemsize, "eager_us": eager * 1e3,
-                         "eager_bus_GBps": bus_GBps(numel * dtype.itemsize, eager, tp.size),
-                         "graph_us": None if graph is None else graph * 1e3,
-                         "graph_bus_GBps": bus_GBps(numel * dtype.itemsize, graph, tp.size)})
+        per_path, notes = {}, {}
+        for path in PATHS:
+            per_path[path], notes[path] = _time_path(tp, path, dtype, opts)
+        nccl_sizes = [r["bytes"] for r in per_path["nccl"]]
+        rows = [_row(n, per_path, tp.size) for n in nccl_sizes]
         if tp.rank != 0:
             return None
         dev = tp.device
         return {"command": "allreduce", "ranks": tp.size, "device": str(dev), "dtype": opts["dtype"],
                 "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                 "backend": "nccl" if dev.type == "cuda" else "gloo", "torch": torch.__version__,
-                "host": platform.node(), "iters": opts["iters"],
+                "host": platform.node(), "iters": opts["iters"], "paths": notes,
                 "timer": "cuda_events" if dev.type == "cuda" else "perf_counter (CPU host clock)",
                 "graph": ("captured: iters all-reduces in one CUDA graph" if dev.type == "cuda"
                           else "skipped: CUDA graphs need GPUs (gloo on CPU runs the eager half only)"),
@@ -78,10 +115,15 @@ def _fmt(x: float | None, width: int, prec: int) -> str:
 def print_result(res: dict) -> None:
     print(f"all-reduce: {res['ranks']} ranks, {res['backend']} on {res['device_name']}, {res['dtype']}, "
           f"median of {res['iters']} ({res['timer']}); graph {res['graph']}")
-    print(f"{'bytes':>10} {'eager us':>10} {'eager GB/s':>11} {'graph us':>10} {'graph GB/s':>11}")
+    for path, note in res["paths"].items():
+        print(f"  {path}: {note}")
+    heads = [f"{name} {kind}" for name in ("nccl", "1shot", "2shot") for kind in ("eager", "graph")]
+    print(f"{'bytes':>10} " + " ".join(f"{h + ' us':>13}" for h in heads) + f" {'graph GB/s nccl/1/2':>22}")
     for r in res["rows"]:
-        print(f"{r['bytes']:>10} {r['eager_us']:>10.1f} {_fmt(r['eager_bus_GBps'], 11, 2)} "
-              f"{_fmt(r['graph_us'], 10, 1)} {_fmt(r['graph_bus_GBps'], 11, 2)}")
+        us = [r.get(f"{pre}{kind}_us") for pre in COLUMNS.values() for kind in ("eager", "graph")]
+        bw = "/".join("-" if r.get(f"{pre}graph_bus_GBps") is None else f"{r[f'{pre}graph_bus_GBps']:.0f}"
+                      for pre in COLUMNS.values())
+        print(f"{r['bytes']:>10} " + " ".join(_fmt(u, 13, 1) for u in us) + f" {bw:>22}")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -91,9 +133,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--min-bytes", type=int, default=8 << 10)
-    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--max-bytes", type=int, default=4 << 20)
     p.add_argument("--timeout-s", type=float, default=120.0, help="a rank stuck this long fails the run")
-    p.add_argument("--output", default="out/bench/allreduce")
+    p.add_argument("--out", "--output", dest="output", default="out/bench/allreduce")
     return p.parse_args(argv)
 
 

@@ -4,11 +4,12 @@
 
 Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of the weight, enough copies
 to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
-median replay time (CUDA events, 20 replays after 3) / copies. Variants: fp8 (the kernel, FP8 weights, its
-default configuration), bf16_triton (the kernel on the bf16 matrix), bf16 (cuBLAS: torch.bmm over the groups
-given contiguous), and for wo_a bf16_bmm_strided (`grouped_linear`: one bmm over strided views of x and the
-output, what the model runs) and bf16_einsum (the einsum it replaced, which copies x's groups apart).
---sweep also times GEMV configurations at M = 1. Bytes: FP8 values + e8m0 scales, or the bf16 matrix;
+median replay time (CUDA events, 20 replays after 3) / copies. Variants: fp8 (`fp8_linear`, FP8 weights: the
+path the model takes at this M, named in the row), bf16_triton (the Triton kernel on the bf16 matrix), bf16
+(cuBLAS: torch.bmm over the groups given contiguous), and for wo_a bf16_bmm_strided (`grouped_linear`: one
+bmm over strided views of x and the output, what the model runs) and bf16_einsum (the einsum it replaced,
+which copies x's groups apart). --sweep also times GEMV configurations at M = 1 and tile-kernel
+configurations at M = 8 and 32. Bytes: FP8 values + e8m0 scales, or the bf16 matrix;
 share = bytes / time / read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table;
 writes fp8_gemm.json.
 """
@@ -25,7 +26,8 @@ import torch
 
 from tp_runtime.config import load_config
 from tp_runtime.ops.kernel_support import sm_count
-from tp_runtime.ops.linear import LinearConfig, dequantize, grouped_linear, k_splits, linear_triton, tile_config
+from tp_runtime.ops.linear import (LinearConfig, dequantize, fp8_linear, fp8_path, grouped_linear, k_splits,
+                                   linear_triton, tile_config)
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +89,13 @@ def gemv_configs(n: int, k: int, n_sm: int) -> list[LinearConfig]:
     return out
 
 
+def tile_configs(m: int, n: int, k: int, n_sm: int) -> list[LinearConfig]:
+    """Tile-kernel configurations swept at M > 1: weight rows per tile, stages, programs per SM."""
+    bm = max(16, 1 << (m - 1).bit_length())
+    return [LinearConfig(bm, bn, 128, 4, stages, k_splits(m, n, k, bn, 128, n_sm, block_m=bm, per_sm=per_sm))
+            for bn in (64, 128) for stages in (3, 4) for per_sm in (2, 4, 8)]
+
+
 def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dict]:
     copies = max(2, int(256e6 // (n * k)) + 1)  # > 4x the L2 in FP8 bytes
     qs = [quantize_fp8(torch.randn(n, k, device="cuda") / k ** 0.5) for _ in range(copies)]
@@ -96,7 +105,7 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
         xg = x.view(m, groups, k).transpose(0, 1)  # [groups, m, k]: the bf16 side as one bmm
-        t = {"fp8": _graph_ms([lambda q=q, s=s, x=x: linear_triton(x, q, s, groups) for q, s in qs]),
+        t = {"fp8": _graph_ms([lambda q=q, s=s, x=x: fp8_linear(x, q, s, groups) for q, s in qs]),
              "bf16_triton": _graph_ms([lambda w=w, x=x: linear_triton(x, w, None, groups) for w in bfs]),
              "bf16": _graph_ms([lambda w=w, xg=xg: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2))
                                 for w in bfs])}
@@ -104,15 +113,16 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
             t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: grouped_linear(x, w, groups) for w in bfs])
             t["bf16_einsum"] = _graph_ms([lambda w=w, x=x: _einsum(x, w, groups) for w in bfs])
         nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
-        r = {"N": n, "K": k, "M": m, "splits": tile_config(m, n, k, n_sm).splits}
+        r = {"N": n, "K": k, "M": m, "path": fp8_path(m, n, k, groups, x), "splits": tile_config(m, n, k, n_sm).splits}
         for v, ms in t.items():
             r[f"{v}_us"] = ms * 1e3
             r[f"{v}_share"] = nbytes[v.split("_")[0]] / (ms * 1e-3) / bw
         r["speedup"] = t["bf16"] / t["fp8"]
-        if sweep and m == 1:
+        if sweep and m in (1, 8, 32):
+            configs = gemv_configs(n, k, n_sm) if m == 1 else tile_configs(m, n, k, n_sm)
             r["sweep"] = [dict(c._asdict(), fp8_us=1e3 * _graph_ms([lambda q=q, s=s, x=x, c=c: linear_triton(
                 x, q, s, groups, c) for q, s in qs]), bf16_us=1e3 * _graph_ms([lambda w=w, x=x, c=c: linear_triton(
-                    x, w, None, groups, c) for w in bfs])) for c in gemv_configs(n, k, n_sm)]
+                    x, w, None, groups, c) for w in bfs])) for c in configs]
         rows.append(r)
     return rows
 
@@ -122,24 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="v4_flash")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--out", default="out/fp8_gemm")
-    p.add_argument("--sweep", action="store_true", help="also time GEMV configurations at M = 1")
+    p.add_argument("--sweep", action="store_true", help="also time GEMV configurations at M = 1 and tile configurations at M = 8, 32")
     a = p.parse_args(argv)
     bw = read_bandwidth()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     variants = ("fp8", "bf16_triton", "bf16")
-    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'S':>3s} " + " ".join(f"{v + ' us':>15s} {'share':>5s}"
+    print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'path':>9s} {'S':>3s} " + " ".join(f"{v + ' us':>15s} {'share':>5s}"
                                                                           for v in variants) + f" {'x':>5s}")
     rows = []
     for name, (n, k, groups) in shapes(a.model, a.tp).items():
         for r in bench_shape(n, k, groups, bw, a.sweep):
             r["weight"] = name
             rows.append(r)
-            print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['splits']:3d} "
+            print(f"{name:18s} {n:6d} {k:6d} {r['M']:4d} {r['path']:>9s} {r['splits']:3d} "
                   + " ".join(f"{r[v + '_us']:15.1f} {r[v + '_share']:5.0%}" for v in variants)
                   + f" {r['speedup']:5.2f}"
                   + "".join(f" {v}={r[v + '_us']:.1f}" for v in ("bf16_bmm_strided", "bf16_einsum") if v + "_us" in r))
             for c in r.get("sweep", []):
-                print(f"    gemv bn={c['block_n']:3d} bk={c['block_k']:4d} warps={c['num_warps']} splits={c['splits']:3d}: "
+                print(f"    bm={c['block_m']:3d} bn={c['block_n']:3d} bk={c['block_k']:4d} warps={c['num_warps']} "
+                      f"stages={c['num_stages']} splits={c['splits']:3d}: "
                       f"fp8 {c['fp8_us']:6.1f} us, bf16 {c['bf16_us']:6.1f} us")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,9 @@
-"""The weight-GEMM kernel (ops/linear.py) on a GPU: with FP8 weights against dequantize-then-matmul at every
-FP8 weight shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in {1, 3, 16, 128, 512} (M <= 16 splits K);
-grouped, in FP8 and bf16, against per-group matmuls; in a CUDA graph; then `check` with FP8 weights.
+"""The weight GEMMs (ops/linear.py) on a GPU: the Triton kernels with FP8 weights against
+dequantize-then-matmul at every FP8 weight shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in
+{1, 3, 16, 128, 512} (small M splits K); the path `fp8_linear` takes by M, and its block-scaled
+`_scaled_mm` path against the same GEMM on activations rounded as it rounds them; grouped, in FP8 and
+bf16, against per-group matmuls; split-K results identical call after call and in a CUDA graph; then
+`check` with FP8 weights.
 
 Run on a GPU machine: `pytest -m gpu tests/test_linear_gpu.py`.
 """
@@ -12,7 +15,8 @@ import torch
 
 from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import LinearConfig, dequantize, grouped_linear, linear_triton, tile_config
+from tp_runtime.ops.linear import (LinearConfig, blockwise_scaled_mm_available, dequantize, fp8_linear, fp8_path,
+                                   grouped_linear, linear_scaled_mm, linear_triton, quantize_rows, tile_config)
 from tp_runtime.weights.fp8 import quantize_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -106,7 +110,7 @@ def test_bf16_grouped_kernel_matches_per_group_matmuls(groups, n, k):
 
 
 def test_decode_sizes_split_k():
-    # The split that decode relies on: wo_b at M = 1 runs in several K splits summed by the second kernel.
+    # The split that decode relies on: wo_b at M = 1 runs in several K splits, summed by the last program.
     assert tile_config(1, 4096, 8192, torch.cuda.get_device_properties(0).multi_processor_count).splits > 1
     assert tile_config(4096, 4096, 8192, 132).splits == 1  # prefill: partials would outweigh the weight
 
@@ -124,3 +128,67 @@ def test_gemv_configs_with_several_scale_blocks_a_step(n, k):
         for y in (linear_triton(x, q, s, 1, c), linear_triton(x, w, None, 1, c)):
             err = float((y.float() - ref).norm() / ref.norm())
             assert y.isfinite().all() and err < TOL, (c, err)
+
+
+@pytest.mark.parametrize("m,config", [(1, LinearConfig(1, 16, 512, 4, 3, 8)), (8, LinearConfig(16, 64, 128, 4, 3, 6)),
+                                      (32, LinearConfig(32, 64, 128, 4, 3, 3))])
+def test_split_k_is_deterministic_and_leaves_its_counters_zero(m, config):
+    # The last split of a tile sums the partials in split order and resets the tile's counter: the same
+    # bits on every call and every graph replay (a counter left non-zero would make the next call skip or
+    # double its sum).
+    q, s = quantize_fp8(torch.randn(4096, 8192, device="cuda") / 90)
+    x = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+    y0 = linear_triton(x, q, s, 1, config)
+    ref = x.float() @ dequantize(q, s, torch.float32).T
+    assert float((y0.float() - ref).norm() / ref.norm()) < TOL
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = linear_triton(x, q, s, 1, config)
+    for _ in range(3):
+        g.replay()
+        assert torch.equal(y, y0)
+        assert torch.equal(linear_triton(x, q, s, 1, config), y0)
+
+
+def test_fp8_path_by_rows():
+    # The one place the path is chosen: GEMV at M = 1, the tile kernel to M = 32 and for grouped GEMMs,
+    # block-scaled cuBLASLt above (SM90 only), the torch path off CUDA.
+    x = torch.empty(1, 1024, device="cuda", dtype=torch.bfloat16)
+    big = "scaled_mm" if blockwise_scaled_mm_available(x.device) else "tile"
+    assert [fp8_path(m, 4096, 1024, 1, x) for m in (1, 2, 32, 33, 512)] == ["gemv", "tile", "tile", big, big]
+    assert fp8_path(512, 8192, 4096, 8, x) == "tile"
+    assert fp8_path(512, 4096, 1000, 1, x) == "tile"  # K not whole 128-blocks
+    assert fp8_path(512, 4096, 1024, 1, x.float()) == "tile"
+    assert fp8_path(512, 4096, 1024, 1, x.cpu()) == "torch"
+
+
+# The block-scaled path rounds x to e4m3 per 1 x 128 block (power-of-two scales): against the GEMM of the
+# rounded x it differs by accumulation order only (TOL); against bf16 x by that rounding, e4m3's 3 mantissa
+# bits: at most 2^-4 relative per element, about 2.7 % in norm measured on random x; 5e-2 bounds it while a
+# wrong scale layout (a factor of 2 or a transposed block) fails by far.
+ROUNDED_X_TOL = 5e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not blockwise_scaled_mm_available(torch.device("cuda")),
+                    reason="block-scaled _scaled_mm needs SM90 and cuBLASLt >= 12.9")
+@pytest.mark.parametrize("n,k", [(1536, 4096), (32768, 1024), (4096, 8192), (8192, 1024), (7168, 16384), (2048, 7168)])
+def test_scaled_mm_path_matches_the_gemm_of_rounded_activations(n, k):
+    g = torch.Generator(device="cuda").manual_seed(n + 3 * k)
+    q, s = quantize_fp8(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5)
+    w = dequantize(q, s, torch.float32)
+    for m in (33, 128, 512):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        x[0, :128] = 0  # an all-zero block
+        x[1, 128:256] *= 1e4  # a block far from the others' scale
+        xq, xs = quantize_rows(x)
+        assert xq.shape[0] % 16 == 0 and not xq[m:].float().any()  # padded with zero rows
+        xq, xs = xq[:m], xs[:m]
+        assert torch.equal(torch.log2(xs).round(), torch.log2(xs))  # powers of two
+        x_rounded = xq.float().view(m, k // 128, 128) * xs[:, :, None]
+        y = fp8_linear(x, q, s)
+        assert torch.equal(y, linear_scaled_mm(x, q, s))
+        exact = x_rounded.view(m, k) @ w.T
+        err = float((y.float() - exact).norm() / exact.norm())
+        assert y.isfinite().all() and err < TOL, (n, k, m, err)
+        bf16 = x.float() @ w.T
+        assert float((y.float() - bf16).norm() / bf16.norm()) < ROUNDED_X_TOL

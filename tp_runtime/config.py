@@ -86,6 +86,10 @@ class ParallelConfig:
     tp: int = 1
     launcher: str = field(default="local", metadata=_choices("local", "ray", "torchrun"))
     backend: str = field(default="auto", metadata=_choices("auto", "gloo", "nccl"))
+    # The layer all-reduce (parallel/allreduce.py): nccl (the group's backend, gloo on CPU) | symm_one_shot |
+    # symm_two_shot (torch symmetric memory, peer loads and stores on one node's GPUs) | auto (one-shot up to a
+    # size measured at start-up, NCCL above and wherever symmetric memory cannot run). Named in every report.
+    allreduce: str = field(default="auto", metadata=_choices("auto", "nccl", "symm_one_shot", "symm_two_shot"))
     # Collective timeout: a rank stuck this long in a collective fails the run instead of hanging. Ranks
     # meet at most one step apart (weights load and graphs capture on every rank at once), so a minute is
     # ample, and it bounds how long a rank that lost its peer (hung, not dead) can wait.
@@ -486,6 +490,10 @@ def validate(cfg: RunConfig) -> None:
     _require(p.fail_rank is None or 0 <= p.fail_rank < p.tp, cfg,
              f"'parallel.fail_rank'={p.fail_rank} must be a rank in 0..{p.tp - 1} (parallel.tp={p.tp}) or null",
              "parallel.fail_rank", "parallel.tp")
+    _require(not p.allreduce.startswith("symm") or (r.device != "cpu" and p.backend != "gloo"), cfg,
+             f"'parallel.allreduce'={p.allreduce} needs CUDA GPUs with NCCL (symmetric memory); runtime.device="
+             f"{r.device}, parallel.backend={p.backend}: use parallel.allreduce=auto or nccl",
+             "parallel.allreduce", "runtime.device", "parallel.backend")
     _require(p.fail_step >= 0, cfg, f"'parallel.fail_step' must be >= 0, got {p.fail_step}", "parallel.fail_step")
     for name in ("max_seqs", "max_len", "max_tokens_per_step", "prefill_chunk"):
         _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}",

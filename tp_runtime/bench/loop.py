@@ -38,7 +38,7 @@ from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.bench.profile import profile_steps, profile_view, view_table
 from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
-from tp_runtime.bench.sweep_config import MODES, BenchSettings
+from tp_runtime.bench.sweep_config import MODES, BenchSettings, split_mode
 from tp_runtime.config import config_from_dict
 from tp_runtime.engine.plan import SeqChunk, StepPlan
 from tp_runtime.engine.timing import StepTimer, timer_name
@@ -99,11 +99,12 @@ class BenchEnv:
         if self.tp.size > 1:
             dist.barrier(group=self.tp.cpu_group)
 
-    def allreduce(self, batch: int, hidden: int, dtype: torch.dtype) -> dict:
-        """All-reduce latency of the step's message [batch, hidden]; measured once per shape (collective)."""
-        key = (batch, hidden, dtype)
+    def allreduce(self, tp: TPGroup, batch: int, hidden: int, dtype: torch.dtype) -> dict:
+        """All-reduce latency of the step's message [batch, hidden] through a lane's group (its strategy);
+        measured once per strategy setting and shape (collective: every rank asks in the same order)."""
+        key = (tp.allreduce.requested if tp.allreduce is not None else None, batch, hidden, dtype)
         if key not in self.allreduce_cache:
-            self.allreduce_cache[key] = allreduce_ms(self.tp, (batch, hidden), dtype, self.s.allreduce_iters)
+            self.allreduce_cache[key] = allreduce_ms(tp, (batch, hidden), dtype, self.s.allreduce_iters)
         return self.allreduce_cache[key]
 
 
@@ -183,8 +184,10 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
 
 
 def _shard_key(cfg) -> tuple:
-    """Lanes whose runtime sections agree share a shard (weights, caches, buffers)."""
-    return tuple(sorted(vars(cfg.runtime).items()))
+    """Lanes whose runtime sections (and at tp > 1 all-reduce settings: the shard's layers reduce through
+    the group they were built with) agree share a shard (weights, caches, buffers)."""
+    allreduce = (("parallel.allreduce", cfg.parallel.allreduce),) if cfg.parallel.tp > 1 else ()
+    return tuple(sorted(vars(cfg.runtime).items())) + allreduce
 
 
 def _release(lanes: list[Lane]) -> None:
@@ -223,7 +226,8 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
     if env.tp.rank != 0:
         return []
     point = {"batch": batch, "context": context, "variant": group["label"]}
-    return _records(env, m, point) + _comparisons(env, lanes, m.steps, point, _PAIRS + _tp_pairs(lanes))
+    return _records(env, m, point) + _comparisons(env, lanes, m.steps, point,
+                                                  _PAIRS + _tp_pairs(lanes) + _allreduce_pairs(lanes))
 
 
 def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
@@ -249,7 +253,7 @@ class Measured:
     breaks: dict[str, dict | None]
     profiles: dict[str, dict]
     prefill: dict[str, list[float]]
-    allreduce: dict
+    allreduce: dict[str, dict]  # lane name -> the all-reduce latency of the point's message through its group
     per_rank: list[dict[str, float]] | None  # rank -> lane name -> median step ms (rank 0 only)
 
 
@@ -272,15 +276,15 @@ def _measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int,
     breaks = {lane.name: _break_ms(lane, batch, s) for lane in recorded}
     profiles = {lane.name: _profile(env, lane, batch, context) for lane in recorded}
     prefill = {lane.name: _prefill_ms(lane, s) for lane in recorded}
-    hidden, dtype = recorded[0].worker.cfg.model.hidden_size, recorded[0].worker.dtype
-    ar = env.allreduce(batch, hidden, dtype)
+    ar = {lane.name: env.allreduce(lane.worker.tp, batch, lane.worker.cfg.model.hidden_size, lane.worker.dtype)
+          for lane in recorded}
     per_rank = env.tp.gather_to_driver({n: statistics.median(flat(steps[n])) for n in breaks})
     return Measured(recorded, steps, breaks, profiles, prefill, ar, per_rank)
 
 
 def _records(env: BenchEnv, m: Measured, point: dict) -> list[dict]:
     return [_record(env, lane, point, m.steps[lane.name], m.breaks[lane.name], m.profiles[lane.name],
-                    m.prefill[lane.name], m.allreduce, [r[lane.name] for r in m.per_rank]) for lane in m.lanes]
+                    m.prefill[lane.name], m.allreduce[lane.name], [r[lane.name] for r in m.per_rank]) for lane in m.lanes]
 
 
 def _fill(lane: Lane, batch: int, context: int, s: BenchSettings) -> None:
@@ -409,7 +413,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "step_ms_median": st["median"], "step_ms_p90": st["p90"], "step_ms_min": st["min"],
            "step_ms_max": st["max"], "step_ms_repeats": [statistics.median(r) for r in steps],
            "step_ms_ranks": per_rank, "decode_tokens_per_s": batch / (st["median"] / 1e3),
-           "outputs_finite": lane.finite}
+           "outputs_finite": lane.finite, **w.allreduce_report}
     rec.update(_break_fields(brk, st["median"], full=w.full_graphs is not None and lane.replayed > 0))
     busy = prof["gpu_busy_ms"]
     rec.update(prof, step_vs_gpu_busy=st["median"] / busy if busy else None,
@@ -478,6 +482,18 @@ _PAIRS = [("graphs_vs_eager", m, "eager") for m in ("breakable-wide", "breakable
 
 def _tp_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:
     return [("tp_vs_tp1", lane.mode, lane.name) for lane in lanes if lane.baseline]
+
+
+def _allreduce_pairs(lanes: list[Lane]) -> list[tuple[str, str, str]]:
+    """("allreduce_vs_nccl", lane, its @...+nccl twin) for every main lane whose twin forces NCCL."""
+    def key(mode: str) -> tuple:
+        base, settings = split_mode(mode)
+        return base, tuple(sorted((k, v) for k, v in (settings or {}).items() if k != "allreduce"))
+
+    nccl = {key(lane.mode): lane.name for lane in lanes
+            if not lane.baseline and (split_mode(lane.mode)[1] or {}).get("allreduce") == "nccl"}
+    return [("allreduce_vs_nccl", lane.name, nccl[key(lane.mode)]) for lane in lanes
+            if not lane.baseline and key(lane.mode) in nccl and nccl[key(lane.mode)] != lane.name]
 
 
 def _comparisons(env: BenchEnv, lanes: list[Lane], steps: dict, point: dict,

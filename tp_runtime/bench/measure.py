@@ -93,21 +93,26 @@ def _median_ms(device: torch.device, fn, iters: int) -> float:
 
 
 def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters: int) -> dict:
-    """Median latency of one all-reduce of a `shape` tensor: eager, and (CUDA) inside a CUDA graph.
+    """Median latency of one all-reduce of a `shape` tensor through the group's all-reduce (tp.all_reduce:
+    its strategy, where set): eager, and (CUDA) inside a CUDA graph. `allreduce_ms_path` names the path
+    this message took.
 
     Must be called by every rank of the group in the same order (it runs collectives).
     """
     if tp.size == 1:
-        return {"allreduce_ms_eager": 0.0, "allreduce_ms_graph": 0.0 if tp.device.type == "cuda" else None}
+        return {"allreduce_ms_eager": 0.0, "allreduce_ms_graph": 0.0 if tp.device.type == "cuda" else None,
+                "allreduce_ms_path": "none"}
     x = torch.zeros(shape, dtype=dtype, device=tp.device)  # zeros: repeated sums stay finite
     for _ in range(3):
-        dist.all_reduce(x, group=tp.group)
+        tp.all_reduce(x)
     timer = StepTimer(tp.device)
     for _ in range(iters):
         t0 = timer.now()
-        dist.all_reduce(x, group=tp.group)
+        tp.all_reduce(x)
         timer.stop(t0)
-    out = {"allreduce_ms_eager": statistics.median(timer.durations_ms()), "allreduce_ms_graph": None}
+    path = tp.allreduce.route(x) if tp.allreduce is not None else dist.get_backend(tp.group)
+    out = {"allreduce_ms_eager": statistics.median(timer.durations_ms()), "allreduce_ms_graph": None,
+           "allreduce_ms_path": path}
     if tp.device.type == "cuda":
         out["allreduce_ms_graph"] = _allreduce_graph_ms(tp, x, iters)
     return out
@@ -119,11 +124,11 @@ def _allreduce_graph_ms(tp: TPGroup, x: torch.Tensor, iters: int, replays: int =
     stream.wait_stream(torch.cuda.current_stream(tp.device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
-        dist.all_reduce(x, group=tp.group)  # eager op on the capture stream before capture
+        tp.all_reduce(x)  # eager op on the capture stream before capture
         torch.cuda.synchronize(tp.device)
         with torch.cuda.graph(graph, stream=stream):
             for _ in range(iters):
-                dist.all_reduce(x, group=tp.group)
+                tp.all_reduce(x)
     torch.cuda.current_stream(tp.device).wait_stream(stream)
     graph.replay()  # warm replay
     timer = StepTimer(tp.device)
@@ -132,7 +137,7 @@ def _allreduce_graph_ms(tp: TPGroup, x: torch.Tensor, iters: int, replays: int =
         graph.replay()
         timer.stop(t0)
     ms = statistics.median(timer.durations_ms()) / iters
-    del graph  # free the graph (it holds NCCL work) before anyone destroys the group
+    del graph  # free the graph (it holds NCCL or symmetric-memory work) before anyone destroys the group
     gc.collect()
     torch.cuda.synchronize(tp.device)
     return ms

@@ -34,13 +34,18 @@ from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
          "breakable-hoisted": ("breakable", "hoisted"), "breakable-narrow": ("breakable", "narrow"),
          "full": ("full", "narrow"), "full_and_breakable": ("full_and_breakable", "narrow")}
-# A mode may name runtime settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+kv_fp8"):
-# a weight format (runtime.weight_format: bf16, fp8), stage-B kernels (runtime.kernels: torch, triton) and / or
-# a cache format (runtime.cache_format: kv_bf16, kv_fp8). Its lanes run on a shard of their own, interleaved
-# with the other modes' lanes (bf16 vs fp8, torch vs triton, bf16 vs fp8 caches in one point).
+# A mode may name settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton+nccl",
+# "full@kv_fp8"): a weight format (runtime.weight_format: bf16, fp8), stage-B kernels (runtime.kernels: torch,
+# triton), a cache format (runtime.cache_format: kv_bf16, kv_fp8) and / or the layer all-reduce
+# (parallel.allreduce: nccl, symm_one_shot, symm_two_shot). Its lanes run on a shard of their own (at tp > 1
+# for the all-reduce), interleaved with the other modes' lanes (bf16 vs fp8, torch vs triton, bf16 vs fp8
+# caches, auto vs nccl all-reduce in one point).
 LANE_SETTINGS = {"bf16": ("weight_format", "bf16"), "fp8": ("weight_format", "fp8"),
                  "torch": ("kernels", "torch"), "triton": ("kernels", "triton"),
-                 "kv_bf16": ("cache_format", "bf16"), "kv_fp8": ("cache_format", "fp8")}
+                 "kv_bf16": ("cache_format", "bf16"), "kv_fp8": ("cache_format", "fp8"),
+                 "nccl": ("allreduce", "nccl"), "symm_one_shot": ("allreduce", "symm_one_shot"),
+                 "symm_two_shot": ("allreduce", "symm_two_shot")}
+LANE_SECTIONS = {"allreduce": "parallel"}  # the section of a lane setting's key (default: runtime)
 
 
 def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
@@ -126,7 +131,8 @@ class SweepConfig:
         base_mode, settings = split_mode(mode)
         graph_mode, scope = MODES[base_mode]
         data.setdefault("parallel", {})["tp"] = tp
-        data.setdefault("runtime", {}).update(settings)
+        for key, word in settings.items():
+            data.setdefault(LANE_SECTIONS.get(key, "runtime"), {})[key] = word
         # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
         slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(

@@ -40,6 +40,7 @@ class RunResult:
     kernels: str = ""  # the resolved runtime.kernels: torch | triton
     graph: dict = field(default_factory=dict)
     load: dict = field(default_factory=dict)
+    allreduce: dict = field(default_factory=dict)  # the chosen all-reduce and why (Worker.allreduce_report)
     errors: list[str] = field(default_factory=list)  # what failed after the last step (an output not written)
 
     @property
@@ -55,7 +56,7 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
                        oneshot) if tp.rank == 0 else None)
     res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."),
-                    kernels=worker.stack.kernels, load=worker.load_report)
+                    kernels=worker.stack.kernels, load=worker.load_report, allreduce=worker.allreduce_report)
     parts: dict[int, list[torch.Tensor]] = {}
     checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
     timer, decode_steps = StepTimer(worker.device), []

@@ -34,7 +34,9 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
 
     Returns the driver's result on rank 0 and None elsewhere. When a collective fails because a peer
     stopped answering (its heartbeat stopped), the error names that peer; one on this machine is
-    killed first, so that the launcher does not wait on a process that cannot act on SIGTERM.
+    killed first, so that the launcher does not wait on a process that cannot act on SIGTERM. Where the
+    all-reduce runs in symmetric memory (no collective timeout), the heartbeat watches on its own: a peer
+    silent for parallel.timeout_s ends this rank the same way, even while it is blocked on the device.
     """
     cfg = config_from_dict(cfg_dict)
     p = cfg.parallel
@@ -44,7 +46,12 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
     try:
         worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
         worker = worker_cls(cfg, tp, oneshot=oneshot)
-        return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+        if beat is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
+            beat.watch(p.timeout_s, lambda lost: _exit_lost(beat, lost, tp.rank, p.timeout_s))
+        result = drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
+        if beat is not None:
+            beat.finish()  # rank 0 may still write the results: this rank's silence is not a loss
+        return result
     except Exception as e:
         if beat is not None and (lost := beat.silent_peers()):
             raise _peers_lost(beat, lost, tp.rank, p.timeout_s) from e
@@ -67,6 +74,13 @@ def _peers_lost(beat: Heartbeat, lost: list[Silent], rank: int, timeout_s: float
     beat.record_lost(message)  # the local launcher reads it from its store
     kill(here)
     return RankLostError(message)
+
+
+def _exit_lost(beat: Heartbeat, lost: list[Silent], rank: int, timeout_s: float) -> None:
+    """The heartbeat watch's action (symmetric-memory all-reduce): name and end the silent peers, then end
+    this process, whose main thread may be blocked on a kernel that waits for them forever."""
+    _peers_lost(beat, lost, rank, timeout_s)
+    os._exit(1)
 
 
 def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:

@@ -67,6 +67,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "replays_by_size": {str(k): v for k, v in sorted(res.replays_by_size.items())},
     }
     rec.update({f"load_{k}": v for k, v in res.load.items()})
+    rec.update(res.allreduce)  # allreduce (the path, with its threshold), allreduce_reason, ...
     return rec
 
 
@@ -74,12 +75,15 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     rec = run_record(cfg, res, command)
     med = rec["decode_step_ms_median"]
     print(f"tp_runtime {command}: tp={rec['tp']} launcher={rec['launcher']} device={rec['device']} "
-          f"dtype={rec['dtype']} cache={rec['cache_format']} kernels={rec['kernels']} graphs={rec['graph_mode']} ({rec['break_scope']}) "
+          f"dtype={rec['dtype']} cache={rec['cache_format']} kernels={rec['kernels']} graphs={rec['graph_mode']} "
+          f"({rec['break_scope']}) "
           f"layers={rec['layers']}")
     print(f"  requests {rec['completed']} completed, {len(rec['rejected'])} rejected; "
           f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
     for reason in rec["rejected"]:
         print(f"  rejected: {reason}")
+    if rec.get("allreduce"):
+        print(f"  all-reduce: {rec['allreduce']} ({rec['allreduce_reason']})")
     for kind, k in rec["graphs"].items():
         print(f"  {kind} graphs: {k['segments_per_step']} segments + {k['eager_breaks_per_step']} eager breaks "
               f"per step, capture {k['capture_s']:.2f} s, pool {k['graph_pool_bytes'] / 2**20:.1f} MiB")

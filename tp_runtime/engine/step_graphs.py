@@ -38,7 +38,8 @@ class StepGraphs:
     def kind(self) -> str:
         return "full" if self.full else "breakable"
 
-    def capture(self, forward: Callable[[int], torch.Tensor]) -> None:
+    def capture(self, forward: Callable[[int], torch.Tensor], barrier: Callable[[], None] | None = None) -> None:
+        """Per size: eager warm-up, synchronize, `barrier` (every rank warm: see Worker), capture."""
         torch.cuda.synchronize(self.device)
         reserved0 = torch.cuda.memory_reserved(self.device)
         t0 = time.perf_counter()
@@ -48,6 +49,8 @@ class StepGraphs:
             for size in self.sizes:
                 forward(size)  # eager warm-up of this shape
                 torch.cuda.synchronize(self.device)
+                if barrier is not None:
+                    barrier()
                 self.outputs[size], self.graphs[size] = self._capture_one(forward, size, stream)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)

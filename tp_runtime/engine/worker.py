@@ -1,7 +1,8 @@
 """Worker: one rank's lifecycle, read top to bottom in the constructor, and its `step`.
 
-    join the TP group -> build the model shard (stack slice, weights, caches, static buffers; shard.py)
-    -> warm NCCL eagerly -> capture graphs (GPU): full graphs of the decode step and / or breakable graphs
+    join the TP group -> choose its all-reduce (parallel/allreduce.py: NCCL or symmetric memory, the buffer
+    rendezvoused once) -> build the model shard (stack slice, weights, caches, static buffers; shard.py)
+    -> warm the all-reduce eagerly on every rank, barrier -> capture graphs (GPU): full graphs of the decode step and / or breakable graphs
 
 How a step runs (`graph.mode`), decided from the plan alone, so every rank takes the same path:
 
@@ -30,8 +31,9 @@ import torch
 
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.plan import StepPlan
-from tp_runtime.engine.shard import ModelShard
+from tp_runtime.engine.shard import ModelShard, buffer_capacity, resolve_dtype
 from tp_runtime.engine.step_graphs import StepGraphs
+from tp_runtime.parallel.allreduce import setup_allreduce
 from tp_runtime.parallel.group import TPGroup, shutdown, warm_up_collectives
 
 FULL_MODES = ("full", "full_and_breakable")  # decode-only steps take the static (full-graph) path
@@ -49,9 +51,11 @@ class Worker:
     def __init__(self, cfg: RunConfig, tp: TPGroup, oneshot: bool = False, shard: ModelShard | None = None):
         """Build a shard (or run on `shard`, built for the same model and runtime), then capture graphs."""
         if shard is None:
-            shard = ModelShard.build(cfg, tp, oneshot)
+            tp = with_allreduce(cfg, tp, oneshot)
+            shard = ModelShard.build(cfg, tp, oneshot)  # its layers reduce through tp's strategy
         else:
             shard.check_serves(cfg, tp, oneshot)
+            tp = _shard_group(cfg, shard)
         self.cfg, self.tp, self.device, self.shard = cfg, tp, tp.device, shard
         self.break_scope = cfg.graph.break_scope
         self.static_decode = cfg.graph.mode in FULL_MODES
@@ -85,14 +89,26 @@ class Worker:
         # capture: a copy captured into a graph would rerun at every replay and overwrite the live inputs.
         no_rows = torch.zeros(0, self.cfg.model.hidden_size, dtype=self.dtype, device=self.device)
         self.buffers.load(StepPlan(()), no_rows, self.buffers.capacity)
+        # Every rank ends each size's eager warm-up (Triton JIT included) before any rank captures it: ranks
+        # that diverge there deadlock a symmetric-memory all-reduce.
+        barrier = self._barrier if self.tp.size > 1 else None
         with torch.no_grad():
             if mode in FULL_MODES:
                 self.full_graphs = StepGraphs(sizes, self.device, full=True, pool=pool)
-                self.full_graphs.capture(self._forward_full)
+                self.full_graphs.capture(self._forward_full, barrier)
             if mode in BREAKABLE_MODES:
                 self.breakable_graphs = StepGraphs(sizes, self.device, full=False, pool=pool)
                 scope = self.break_scope
-                self.breakable_graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0), scope))
+                self.breakable_graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0), scope),
+                                              barrier)
+
+    def _barrier(self) -> None:
+        torch.distributed.barrier(group=self.tp.cpu_group)
+
+    @property
+    def allreduce_report(self) -> dict:
+        """The chosen all-reduce and why (the run report's and bench records' fields)."""
+        return self.tp.allreduce.describe() if self.tp.allreduce is not None else {}
 
     @property
     def graph_sets(self) -> list[StepGraphs]:
@@ -146,6 +162,25 @@ class Worker:
             return self._forward(self.buffers.load(plan, x, n), self.break_scope)[:n], StepRun("eager", None)
         self.live.batch = self.buffers.load(plan, x, size)
         return g.replay(size, on_break)[:n], StepRun("breakable", size)
+
+
+def with_allreduce(cfg: RunConfig, tp: TPGroup, oneshot: bool) -> TPGroup:
+    """tp carrying its all-reduce (parallel.allreduce), its buffer sized for the largest message a step of
+    this config issues: buffer rows x hidden x the run dtype. A group that has one already keeps it."""
+    if tp.allreduce is not None:
+        return tp
+    dtype = resolve_dtype(cfg.runtime.dtype, tp.device)
+    max_bytes = buffer_capacity(cfg, oneshot) * cfg.model.hidden_size * dtype.itemsize
+    return setup_allreduce(tp, cfg.parallel.allreduce, max_bytes, dtype, cfg.parallel.timeout_s)
+
+
+def _shard_group(cfg: RunConfig, shard: ModelShard) -> TPGroup:
+    """The group a shared shard's layers reduce through; its all-reduce must be the one cfg asks for."""
+    ar = shard.tp.allreduce
+    if ar is not None and shard.tp.size > 1 and ar.requested != cfg.parallel.allreduce:
+        raise ValueError(f"{cfg.source}: parallel.allreduce={cfg.parallel.allreduce}, but the shared shard "
+                         f"reduces with parallel.allreduce={ar.requested}; such Workers need their own shard")
+    return shard.tp
 
 
 class FaultyWorker(Worker):

@@ -1,4 +1,4 @@
-"""Weight GEMMs y = x @ W^T in Triton for decode and prefill: FP8 block-scaled weights as released, and the
+"""Weight GEMMs y = x @ W^T for decode and prefill: FP8 block-scaled weights as released, and the
 grouped bf16 GEMM of wo_a; the torch path beside them.
 
     x      [M, K]   bf16 / fp16 / fp32 activations ([M, groups*K] for a grouped GEMM, as wo_a's)
@@ -7,25 +7,36 @@ grouped bf16 GEMM of wo_a; the torch path beside them.
     y      [M, N]   in x's dtype; grouped: output columns [g*N/groups, (g+1)*N/groups) read x's columns
                     [g*K, (g+1)*K)
 
-`fp8_linear` is the one place the FP8 path is chosen: the Triton kernel on a CUDA tensor when Triton
-imports (any M: tiles sized by M), the torch path elsewhere (dequantize, then plain matmuls: the
-semantics, and the CPU tests' path).
+`fp8_linear` is the one place an FP8 GEMM's path is chosen (`fp8_path`), from M, the grouping and the
+device (measured on an H200, benchmarks/fp8_gemm.py):
 
-The kernels: at M = 1 a GEMV (fp32 products, no tensor cores: a 16-row tl.dot tile would be 15/16 padding);
-else one program per [BLOCK_M, BLOCK_N] output tile and split of K, fp32 accumulation with tl.dot. A tile
-has at most 128 rows, aligned, so all its rows share one scale per 128 columns. The GEMV multiplies x by
-those powers of two (exact) and only widens the FP8 values; the tl.dot kernel scales the FP8 tile as it
-widens it to x's dtype (exact for e4m3; measured faster there than scaling x). At decode sizes a matrix
-has too few output tiles to fill the GPU with long serial K loops, so K is split over programs that write
-fp32 partials [S, M, N], and a second kernel sums them in a fixed order (deterministic) and casts.
+- "gemv" (M = 1, CUDA): a Triton GEMV, fp32 products on CUDA cores (a tensor-core tile would be 15/16
+  padding); x times the block scales (powers of two: exact), the FP8 values only widened.
+- "tile" (2 <= M <= 32, any grouped GEMM, and every CUDA device without the block-scaled cuBLAS path): a
+  Triton tl.dot kernel with bf16 activations, the weight tile widened in registers and its block's scale
+  applied to the tile's fp32 product. The weight is the MMA's 64-row side and x the narrow one ("swap
+  AB"), so M = 2..16 pads to 16 columns, not 64 rows.
+- "scaled_mm" (M > 32, not grouped, SM90 with cuBLASLt >= 12.9): `torch._scaled_mm` with DeepSeek's
+  recipe: x quantized to e4m3 per 1 x 128 block with power-of-two scales (one Triton launch), the weight's
+  128 x 128 scales as fp32. This also rounds the activations, as the released inference code does for all
+  its FP8 GEMMs: each output then differs from dequantize-then-matmul by about 2-3 % (relative norm),
+  where the two Triton kernels differ by accumulation order only.
+- "torch" (no CUDA or no Triton): dequantize, then plain matmuls: the semantics, and the CPU tests' path.
 
-The kernels also take bf16 weights (scale None); measured on an H200 they are slower than cuBLAS there
-(benchmarks/fp8_gemm.py), so bf16 weights go to cuBLAS: `grouped_linear` is one strided batched GEMM over
-views of x and of y, without copies.
+At decode sizes a matrix has too few output tiles to fill the GPU with long serial K loops, so both Triton
+kernels split K over programs that write fp32 partials [S, M, N]; the last program of a tile to finish
+(counted by an atomic per tile) sums them in split order (deterministic), casts and stores, and resets its
+counter for the next call: one launch a GEMM.
+
+The Triton kernels also take bf16 weights (scale None), a reference in the benchmark: measured on an H200
+they are slower than cuBLAS there, so bf16 weights go to cuBLAS: `grouped_linear` is one strided batched
+GEMM over views of x and of y, without copies.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -63,48 +74,71 @@ def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, gro
     return torch.nn.functional.linear(x, w) if groups == 1 else grouped_linear(x, w, groups)
 
 
-def _use_triton(x: torch.Tensor) -> bool:
-    return x.is_cuda and triton is not None
+def fp8_path(m: int, n: int, k: int, groups: int, x: torch.Tensor) -> str:
+    """The path an FP8 GEMM of M rows takes on x's device: "torch" | "gemv" | "tile" | "scaled_mm"."""
+    if not (x.is_cuda and triton is not None):
+        return "torch"
+    if m == 1:
+        return "gemv"
+    if (m > SCALED_MM_MIN_M - 1 and groups == 1 and x.dtype == torch.bfloat16 and k % BLOCK == 0 and n % 16 == 0
+            and blockwise_scaled_mm_available(x.device)):
+        return "scaled_mm"
+    return "tile"
+
+
+SCALED_MM_MIN_M = 33  # rows from which cuBLASLt's block-scaled FP8 GEMM beat the tile kernel (H200, Flash shapes)
 
 
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
     linear; wo_a of DSV4: group g's output columns read x's columns of group g)."""
-    return linear_triton(x, qw, scale, groups) if _use_triton(x) else fp8_linear_torch(x, qw, scale, groups)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    path = fp8_path(m, qw.shape[0], qw.shape[1], groups, x)
+    if path == "torch":
+        return fp8_linear_torch(x, qw, scale, groups)
+    if path == "scaled_mm":
+        return linear_scaled_mm(x, qw, scale)
+    return linear_triton(x, qw, scale, groups)
+
+
+@functools.cache
+def blockwise_scaled_mm_available(device: torch.device) -> bool:
+    """torch._scaled_mm with 1 x 128 / 128 x 128 scales runs on SM90 with cuBLASLt >= 12.9 only."""
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    return torch.cuda.get_device_capability(device)[0] == 9 and cuda >= (12, 9)
 
 
 class LinearConfig(NamedTuple):
-    """Launch configuration of the weight-GEMM kernels (fixed per shape; see `tile_config`)."""
+    """Launch configuration of the Triton weight-GEMM kernels (fixed per shape; see `tile_config`)."""
 
-    block_m: int  # 1: the GEMV kernel (M = 1)
+    block_m: int  # 1: the GEMV kernel (M = 1); else the tile kernel's columns of x (>= 16)
     block_n: int
-    block_k: int  # a multiple of the 128-column scale block
+    block_k: int  # the GEMV's K step, a multiple of the 128-column scale block (the tile kernel's is 128)
     num_warps: int
     num_stages: int
-    splits: int  # programs over K; > 1: fp32 partials summed by a second kernel
+    splits: int  # programs over K; > 1: fp32 partials, summed by the last program of a tile
 
 
 def tile_config(m: int, n: int, k: int, n_sm: int) -> LinearConfig:
-    """The configuration for an [m, n] output over k columns.
+    """The configuration for an [m, n] output over k columns, the best of a sweep on an H200 at every FP8
+    shape of Flash (benchmarks/fp8_gemm.py --sweep).
 
-    M = 1: the GEMV kernel, 16 rows and 512 columns a step (the best of a sweep on an H200 at every FP8
-    shape of Flash, benchmarks/fp8_gemm.py --sweep). Larger M: tl.dot tiles growing with M; K split by
-    `k_splits`."""
+    M = 1: the GEMV kernel, 16 rows and 512 columns a step, ~8 programs per SM. Larger M: the tile kernel,
+    64 weight rows by the next power of two >= M (at least 16, at most 128) columns of x, ~2 programs per
+    SM: more splits measured slower there (each program's partial tile costs as much as its K steps)."""
     if m == 1:
-        return LinearConfig(1, 16, 512, 4, 3, k_splits(1, n, k, 16, 512, n_sm))
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 256 else 128
-    bn = (16 if n <= 8192 else 64) if m <= 16 else 64 if m <= 256 else 128
-    return LinearConfig(bm, bn, BLOCK, 4 if bm * bn <= 64 * 64 else 8, 4 if m <= 16 else 3,
-                        k_splits(m, n, k, bn, BLOCK, n_sm, block_m=bm))
+        return LinearConfig(1, 16, 512, 4, 3, k_splits(1, n, k, 16, 512, n_sm, per_sm=8))
+    bm = min(128, max(16, triton.next_power_of_2(m)))
+    return LinearConfig(bm, 64, BLOCK, 4, 3, k_splits(m, n, k, 64, BLOCK, n_sm, block_m=bm, per_sm=2))
 
 
-def k_splits(m: int, n: int, k: int, block_n: int, block_k: int, n_sm: int, block_m: int = 1) -> int:
-    """Programs over K: until there are ~8 programs per SM, each with at least 2 (GEMV) or 4 K steps, and
-    while the fp32 partials (written and read once: 8 bytes an output element per split) stay under the
-    FP8 weight's bytes."""
+def k_splits(m: int, n: int, k: int, block_n: int, block_k: int, n_sm: int, block_m: int = 1,
+             per_sm: int = 8) -> int:
+    """Programs over K: until there are ~per_sm programs per SM, each with at least 2 K steps, and while the
+    fp32 partials (written and read once: 8 bytes an output element per split) stay under the FP8 weight's
+    bytes."""
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    min_steps = 2 if m == 1 else 4
-    return max(1, min(triton.cdiv(8 * n_sm, tiles), triton.cdiv(k, block_k) // min_steps, k // (8 * m)))
+    return max(1, min(triton.cdiv(per_sm * n_sm, tiles), triton.cdiv(k, block_k) // 2, k // (8 * m)))
 
 
 def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int, x: torch.Tensor) -> None:
@@ -120,14 +154,17 @@ def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, g
                          f"fit (FP8: one e8m0 scale per 128 x 128 block; bf16: the weight in x's dtype)")
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K] with a contiguous last dim."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
                   config: LinearConfig | None = None) -> torch.Tensor:
-    """The kernel for W in FP8 with block scales (scale given) or in x's dtype (scale None); config: one
-    to use instead of `tile_config`'s (benchmarks)."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    """The Triton kernels for W in FP8 with block scales (scale given) or in x's dtype (scale None);
+    config: one to use instead of `tile_config`'s (benchmarks)."""
+    x2 = _rows(x)
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
     group_n = n // groups
@@ -136,57 +173,118 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
     while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
         bn //= 2
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    steps_per_split = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
     part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     s = scale if scale is not None else w  # unused pointer when the weight has no scales
     if c.block_m == 1:  # M = 1: the GEMV kernel
-        _gemv_kernel[(triton.cdiv(n, bn), c.splits)](
-            x2, w, s, part, n, k, group_n, w.stride(0), s.stride(0), m * n, steps_per_split,
-            HAS_SCALE=scale is not None, BLOCK_N=bn, BLOCK_K=c.block_k, num_warps=c.num_warps,
-            num_stages=c.num_stages)
+        grid = (triton.cdiv(n, bn), c.splits)
+        steps = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
+        _gemv_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0]), n, k, group_n, w.stride(0),
+                           s.stride(0), steps, c.splits, HAS_SCALE=scale is not None, BLOCK_N=bn,
+                           BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     else:
-        _linear_kernel[(triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)](
-            x2, w, s, part, m, n, k, group_n, x2.stride(0), w.stride(0), s.stride(0), n, m * n, steps_per_split,
-            HAS_SCALE=scale is not None, BLOCK_M=c.block_m, BLOCK_N=bn, BLOCK_K=BLOCK,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=c.num_warps,
-            num_stages=c.num_stages)
-    if c.splits > 1:
-        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](part, y, m * n, c.splits, BLOCK_E=1024, num_warps=4)
-    return y.view(*lead, n)
+        grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
+        steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
+        _tile_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
+                           x2.stride(0), w.stride(0), s.stride(0), steps, c.splits, HAS_SCALE=scale is not None,
+                           BLOCK_M=c.block_m, BLOCK_N=bn,
+                           PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=c.num_warps,
+                           num_stages=c.num_stages)
+    return y.view(*x.shape[:-1], n)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """int32 zeros, one per output tile of a split-K launch: how many of its splits have finished. Every
+    launch leaves them zero again, so one buffer per device serves every GEMM of the stream in turn.
+    Allocated (or grown) at an eager call: the warm-up before any capture."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("linear: split-K counters must exist before CUDA-graph capture (warm up first)")
+        buf = _COUNTERS[device] = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
+    return buf
+
+
+def linear_scaled_mm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16 @ dequantized qw [N, K]^T via cuBLASLt's block-scaled FP8 GEMM: x rounded to e4m3 per
+    1 x 128 block (power-of-two scales), then `torch._scaled_mm` with fp32 block scales."""
+    x2 = _rows(x)
+    _check_fits(x2, qw, scale, 1, x)
+    xq, xs = quantize_rows(x2)
+    y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
+    return y[:x2.shape[0]].view(*x.shape[:-1], qw.shape[0])
+
+
+SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 [Mp, K], fp32 scales [Mp, K/128] with strides (1, Mp), the layout _scaled_mm takes),
+    Mp = M rounded up to SCALED_MM_ROWS (padding rows zero): per 1 x 128 block the smallest power of two s
+    with max|x| / s <= 448; one launch."""
+    m, k = x.shape
+    mp = triton.cdiv(m, SCALED_MM_ROWS) * SCALED_MM_ROWS
+    q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(triton.cdiv(k, BLOCK), mp, dtype=torch.float32, device=x.device)
+    _quantize_rows_kernel[(mp // 16, triton.cdiv(k, BLOCK))](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, num_warps=4)
+    return q, s.t()
+
+
+_WEIGHT_SCALES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def scaled_mm_weight_scales(scale: torch.Tensor) -> torch.Tensor:
+    """e8m0 bytes [N/128, K/128] -> the fp32 [round_up(K/128, 4), N/128] column-major scales _scaled_mm takes,
+    made once per weight (at its first, eager call) and kept while the weight lives and is unchanged."""
+    hit = _WEIGHT_SCALES.get(id(scale))
+    if hit is not None and hit[0]() is scale and hit[1] == scale._version:
+        return hit[2]
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("linear: FP8 scales for _scaled_mm must be made before CUDA-graph capture")
+    nb, kb = scale.shape
+    f32 = torch.zeros(nb, triton.cdiv(kb, 4) * 4, dtype=torch.float32, device=scale.device)
+    f32[:, :kb] = e8m0_scales(scale)
+    key = id(scale)
+    _WEIGHT_SCALES[key] = (weakref.ref(scale, lambda _: _WEIGHT_SCALES.pop(key, None)), scale._version, f32.t())
+    return f32.t()
 
 
 @jit
-def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn, stride_ym,
-                   stride_ys, STEPS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    # One program: output tile [BLOCK_M, BLOCK_N] over K steps [split*STEPS, (split+1)*STEPS) of 128
-    # columns; its output is y itself (one split) or split's fp32 partial plane y + split * stride_ys.
-    # Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
+def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn,
+                 STEPS, SPLITS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K steps [split*STEPS,
+    # (split+1)*STEPS) of 128 columns. The weight tile is the MMA's wide side. BLOCK_N <= 128 divides 128,
+    # so a tile's rows share one scale per K step, applied to that step's fp32 product (exact: a power of
+    # two). Its columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
-    for kb in range(split * STEPS, kb_end):
-        k0 = kb * BLOCK_K
-        k_ok = (k0 + rk) < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+    s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, 128))):
+        k_ok = (kb * 128 + rk) < K
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        if HAS_SCALE:  # the tile's rows lie in one 128-row block: one scale, exact in x's dtype
-            v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kb)
-            w = (w.to(tl.float32) * tl.exp2(v.to(tl.float32) - 127.0)).to(x.dtype)
-        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)  # fp32 x: IEEE products, as torch
-    y = acc.to(y_ptr.dtype.element_ty)
-    y_ptr += split * stride_ys
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+        xt = tl.load(x_ptr + rm[None, :] * stride_xm + (kb * 128 + rk)[:, None], mask=m_ok[None, :] & k_ok[:, None],
+                     other=0.0)  # x^T [128, BLOCK_M]
+        if HAS_SCALE:
+            sc = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
+            acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sc  # fp32 x: IEEE products, as torch
+        else:
+            acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
+    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
+                  m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
+
 
 @jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn, stride_ys, STEPS,
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, stride_wn, stride_sn, STEPS, SPLITS,
                  HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
     # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
@@ -197,8 +295,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    kb_end = tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))
-    for kb in range(split * STEPS, kb_end):
+    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
         x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -208,15 +305,38 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K, GROUP_N, stride_wn, stride_sn
         w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0).to(tl.float32)
         acc += w * x[None, :]
-    y = tl.sum(acc, axis=1)
-    tl.store(y_ptr + split * stride_ys + rn, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    _store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
+
 
 @jit
-def _sum_splits_kernel(part_ptr, y_ptr, E, SPLITS, BLOCK_E: tl.constexpr):
-    # y [E] = sum over s of part[s, E] (fp32, in split order), cast to y's dtype.
-    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    ok = e < E
-    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
-    for s in range(SPLITS):
-        acc += tl.load(part_ptr + s * E + e, mask=ok, other=0.0)
-    tl.store(y_ptr + e, acc.to(y_ptr.dtype.element_ty), mask=ok)
+def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, PLANE, SPLITS):
+    # One split: store the tile. Several: write this split's fp32 partial (through to L2), then count the
+    # tile's finished splits; the last one sums all partials in split order, stores y and resets the count.
+    if SPLITS == 1:
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + split * PLANE + offs, acc, mask=mask, cache_modifier=".wt")
+        tl.debug_barrier()  # every thread's partial is written before the count moves
+        if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            tot = tl.zeros(acc.shape, dtype=tl.float32)
+            for s in range(SPLITS):
+                tot += tl.load(part_ptr + s * PLANE + offs, mask=mask, other=0.0, cache_modifier=".cv")
+            tl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr, 0)
+
+
+@jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr):
+    # Rows [BLOCK_R] x columns of 128-block kb: q = x / s in e4m3 (clamped to +-448 against a log2 rounded
+    # low), s = 2^ceil(log2(max|x| / 448)) stored at s[kb, row] (the transposed layout _scaled_mm reads);
+    # rows M .. M_PAD - 1 read as zeros.
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kb = tl.program_id(1)
+    c = kb * 128 + tl.arange(0, 128)
+    ok = (r < M_PAD)[:, None] & (c < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * stride_xm + c[None, :], mask=ok & (r < M)[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    sc = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax, 1e-30) / 448.0)))
+    q = tl.minimum(tl.maximum(x / sc[:, None], -448.0), 448.0)
+    tl.store(q_ptr + r[:, None] * K + c[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + kb * M_PAD + r, sc, mask=r < M_PAD)

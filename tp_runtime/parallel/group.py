@@ -9,6 +9,9 @@ What listens: where the ranks host their own store (no launcher store: Ray), ran
 on MASTER_ADDR only (store.py), not on every interface as torch's would; when every rank runs on this
 machine (LOCAL_WORLD_SIZE == WORLD_SIZE), gloo's sockets use the loopback interface
 (GLOO_SOCKET_IFNAME, unless set) instead of the address the host name resolves to.
+
+The layer all-reduce goes through the strategy the group carries (`allreduce`, parallel/allreduce.py), set
+once at start-up by setup_allreduce before any capture; without one it is the backend's all-reduce.
 """
 
 from __future__ import annotations
@@ -16,14 +19,19 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
 
 from tp_runtime.parallel.store import listening_store
+
+if TYPE_CHECKING:
+    from tp_runtime.parallel.allreduce import AllReduce
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class TPGroup:
     device: torch.device
     group: dist.ProcessGroup | None = None  # device collectives: NCCL on GPUs, gloo on CPU
     cpu_group: dist.ProcessGroup | None = None  # host-side broadcasts (step plans), always gloo
+    local_size: int | None = None  # ranks on this rank's node (LOCAL_WORLD_SIZE at init); None: not said
+    allreduce: AllReduce | None = None  # the layer all-reduce chosen at start-up (setup_allreduce)
 
     def shard(self, n: int, what: str) -> tuple[int, int]:
         """[start, end) of this rank's equal share of n items."""
@@ -42,8 +52,10 @@ class TPGroup:
         return self.rank * per, (self.rank + 1) * per
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """In-place sum over the group; the one collective of a layer."""
+        """In-place sum over the group; the one collective of a layer (the group's strategy, if set)."""
         if self.size > 1:
+            if self.allreduce is not None:
+                return self.allreduce(x)
             dist.all_reduce(x, group=self.group)
         return x
 
@@ -100,7 +112,9 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks here: gloo on 127.0.0.1
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return TPGroup(rank=rank, size=world, device=device, group=dist.group.WORLD, cpu_group=cpu_group)
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return TPGroup(rank=rank, size=world, device=device, group=dist.group.WORLD, cpu_group=cpu_group,
+                   local_size=int(local) if local else None)
 
 
 def _rank_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
@@ -119,20 +133,50 @@ def group_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
 
 
 def warm_up_collectives(tp: TPGroup) -> None:
-    """One eager all-reduce so NCCL's communicator exists before any graph capture."""
+    """Eager all-reduces before any graph capture, then a barrier: NCCL's communicator exists (4 bytes take
+    NCCL) and the group's symmetric-memory path ran once and summed right (4 KB take it where the group has
+    one), on every rank before any rank captures."""
     if tp.size > 1:
-        x = torch.ones(1, device=tp.device)
-        tp.all_reduce(x)
-        if int(x.item()) != tp.size:
-            raise RuntimeError(f"warm-up all-reduce summed to {x.item()}, expected {tp.size}")
+        for n in (1, 1024):
+            x = torch.ones(n, device=tp.device)
+            tp.all_reduce(x)
+            if not bool((x == tp.size).all()):
+                raise RuntimeError(f"warm-up all-reduce of {n} ones summed to {x.max().item()}, expected {tp.size}")
+        dist.barrier(group=tp.cpu_group)
 
 
 def shutdown(tp: TPGroup, release: Callable[[], None] | None = None) -> None:
-    """Free graphs (via `release`) before destroying the process group: the reverse order hangs NCCL."""
+    """Free graphs (via `release`) before destroying the process group: the reverse order hangs NCCL.
+
+    With a symmetric-memory all-reduce, waiting on the device is bounded: its kernels spin on their peers
+    without a timeout, so after a peer was lost one may never finish; past the strategy's drain_s
+    (parallel.timeout_s) this process says so and exits with status 1 instead of hanging."""
     if release is not None:
         release()
     gc.collect()
-    if tp.device.type == "cuda":
-        torch.cuda.synchronize(tp.device)
-    if tp.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+    guard = _drain_guard(tp)
+    try:
+        if tp.device.type == "cuda":
+            torch.cuda.synchronize(tp.device)
+        if tp.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        if guard is not None:
+            guard.cancel()
+
+
+def _drain_guard(tp: TPGroup) -> threading.Timer | None:
+    """A timer that ends this process if the device does not drain within the strategy's drain_s."""
+    ar = tp.allreduce
+    if ar is None or not ar.uses_symm:
+        return None
+
+    def give_up() -> None:
+        print(f"tp_runtime: rank {tp.rank}: the device did not drain within {ar.drain_s:g} s at shutdown (a "
+              "symmetric-memory all-reduce waits for a lost peer); exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(ar.drain_s, give_up)
+    timer.daemon = True
+    timer.start()
+    return timer

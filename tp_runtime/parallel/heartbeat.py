@@ -18,6 +18,11 @@ it counts as silent. When this rank's own store calls stall, the silent one is t
 0 when the ranks host their store (Ray, plain env:// init), the launcher when it does (torchrun, the
 local launcher: TORCHELASTIC_USE_AGENT_STORE).
 
+Where no collective timeout applies (the symmetric-memory all-reduce: its kernels spin on the device until
+every peer arrives, parallel/allreduce.py), `watch(timeout_s, on_lost)` makes the thread act on its own: once
+a peer has been silent for timeout_s, on_lost(lost) runs on the thread (entry.py names the peer, ends it when
+on this machine, and exits), so a rank blocked on the device still ends within timeout_s + one period.
+
 Why end a silent peer: the run has failed already, and a stopped process cannot act on SIGTERM, so
 torch's elastic agent (torchrun, the local launcher) would wait its termination grace before its
 SIGKILL, a fixed 30 s on the failure path (LocalElasticAgent._stop_workers calls _shutdown() with its
@@ -34,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -73,6 +79,7 @@ class Heartbeat:
         self._last_ok, self._moved = now, dict.fromkeys(self.peers, now)
         self._count: dict[int, int] = {}
         self._who: dict[int, dict] = {}
+        self._watch: tuple[float, Callable[[list[Silent]], None]] | None = None
         store.set(f"who/{rank}", json.dumps(_identity()))
         self._thread = threading.Thread(target=self._loop, name="tp-heartbeat", daemon=True)
         self._thread.start()
@@ -102,18 +109,55 @@ class Heartbeat:
                     for r, c in counts.items():
                         if c != self._count.get(r):
                             self._count[r], self._moved[r] = c, now
+            self._check_watch()
             self._stop.wait(self.period_s)
+
+    def watch(self, limit_s: float, on_lost: Callable[[list[Silent]], None]) -> None:
+        """From now on, call on_lost(lost) once, on the heartbeat thread, when a peer (or the store's host)
+        has been silent for more than limit_s."""
+        with self._lock:
+            self._watch = (limit_s, on_lost)
+
+    def _check_watch(self) -> None:
+        with self._lock:
+            if self._watch is None:
+                return
+            limit, on_lost = self._watch
+            lost = self._silent_for(limit)
+        lost = [s for s in lost if not self._finished(s.rank)]  # a peer that ended its run is not lost
+        if lost:
+            with self._lock:
+                self._watch = None  # once
+            on_lost(lost)
+
+    def _finished(self, rank: int | None) -> bool:
+        try:
+            return rank is not None and self._store.check([f"done/{rank}"])
+        except Exception:  # noqa: BLE001 - the store is gone: nobody said they finished
+            return False
+
+    def finish(self) -> None:
+        """Say this rank's run ended normally (peers' watches stop counting its silence), then stop."""
+        try:
+            self._store.set(f"done/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - best effort: a peer's watch then acts after its limit
+            pass
+        self.stop()
 
     def _silent(self, rank: int | None, age_s: float) -> Silent:
         return Silent(rank, age_s, **self._who.get(rank, {}))
 
     def silent_peers(self) -> list[Silent]:
         """The peers (or the store's host) whose heartbeat stopped, longest silent first."""
-        now, limit = time.monotonic(), SILENT_PERIODS * self.period_s
         with self._lock:
-            if now - self._last_ok > limit:  # this rank cannot reach the store: its host went silent
-                return [] if self.store_rank == self.rank else [self._silent(self.store_rank, now - self._last_ok)]
-            lost = [self._silent(r, now - t) for r, t in self._moved.items() if now - t > limit]
+            return self._silent_for(SILENT_PERIODS * self.period_s)
+
+    def _silent_for(self, limit: float) -> list[Silent]:
+        """Who has been silent for more than limit seconds (the caller holds the lock)."""
+        now = time.monotonic()
+        if now - self._last_ok > limit:  # this rank cannot reach the store: its host went silent
+            return [] if self.store_rank == self.rank else [self._silent(self.store_rank, now - self._last_ok)]
+        lost = [self._silent(r, now - t) for r, t in self._moved.items() if now - t > limit]
         return sorted(lost, key=lambda s: -s.age_s)
 
     def record_lost(self, message: str) -> None:
