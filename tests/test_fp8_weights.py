@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, TINY_PATH as TINY, run_cli
 from tp_runtime.bench.roofline import layer_weight_bytes, step_bytes
 from tp_runtime.config import ConfigError, load_config
+from tp_runtime.model.layers import Linear
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.ops.linear import dequantize, fp8_linear
 from tp_runtime.parallel.group import TPGroup
@@ -142,3 +143,15 @@ def test_bench_modes_name_a_weight_format():
     assert formats == {"full": "bf16", "full@fp8": "fp8"}
     with pytest.raises(ConfigError, match=r"grid 'modes' holds \['full@fp4'\]"):
         load_sweep(ROOT / "configs" / "bench_fp8.yaml", ["grid.modes=[full,full@fp4]"])
+
+
+def test_fp8_activations_need_fp8_weights_and_reach_the_gemms():
+    # e4m3 activations round the inputs of FP8 GEMMs: refused without FP8 weights, naming both keys;
+    # with them every FP8 linear of the stack is told (the GEMM path reads it: ops/linear.py fp8_path).
+    with pytest.raises(ConfigError, match=r"'runtime.fp8_activations'=e4m3 .*runtime.weight_format=fp8"):
+        load_config(TINY, ["runtime.fp8_activations=e4m3"])
+    cfg = load_config(TINY, SMALL)
+    stack = AttentionStack(cfg.model, TPGroup(0, 1, CPU), cfg.runtime.max_len, torch.float32, CPU, fp8=True,
+                           round_x=True)
+    fp8_linears = [m for m in stack.modules() if isinstance(m, Linear) and m.fp8]
+    assert fp8_linears and all(m.round_x for m in fp8_linears)

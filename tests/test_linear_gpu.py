@@ -151,15 +151,16 @@ def test_split_k_is_deterministic_and_leaves_its_counters_zero(m, config):
 
 
 def test_fp8_path_by_rows():
-    # The one place the path is chosen: GEMV at M = 1, the tile kernel to M = 32 and for grouped GEMMs,
-    # block-scaled cuBLASLt above (SM90 only), the torch path off CUDA.
+    # The one place the path is chosen: GEMV at M = 1, else the tile kernel; where x may be rounded
+    # (round_x), block-scaled cuBLASLt above 32 rows (SM90 only), never for grouped GEMMs; torch off CUDA.
     x = torch.empty(1, 1024, device="cuda", dtype=torch.bfloat16)
     big = "scaled_mm" if blockwise_scaled_mm_available(x.device) else "tile"
-    assert [fp8_path(m, 4096, 1024, 1, x) for m in (1, 2, 32, 33, 512)] == ["gemv", "tile", "tile", big, big]
-    assert fp8_path(512, 8192, 4096, 8, x) == "tile"
-    assert fp8_path(512, 4096, 1000, 1, x) == "tile"  # K not whole 128-blocks
-    assert fp8_path(512, 4096, 1024, 1, x.float()) == "tile"
-    assert fp8_path(512, 4096, 1024, 1, x.cpu()) == "torch"
+    assert [fp8_path(m, 4096, 1024, 1, x) for m in (1, 2, 32, 33, 512)] == ["gemv"] + ["tile"] * 4
+    assert [fp8_path(m, 4096, 1024, 1, x, True) for m in (1, 2, 32, 33, 512)] == ["gemv", "tile", "tile", big, big]
+    assert fp8_path(512, 8192, 4096, 8, x, True) == "tile"
+    assert fp8_path(512, 4096, 1000, 1, x, True) == "tile"  # K not whole 128-blocks
+    assert fp8_path(512, 4096, 1024, 1, x.float(), True) == "tile"
+    assert fp8_path(512, 4096, 1024, 1, x.cpu(), True) == "torch"
 
 
 # The block-scaled path rounds x to e4m3 per 1 x 128 block (power-of-two scales): against the GEMM of the
@@ -185,7 +186,7 @@ def test_scaled_mm_path_matches_the_gemm_of_rounded_activations(n, k):
         xq, xs = xq[:m], xs[:m]
         assert torch.equal(torch.log2(xs).round(), torch.log2(xs))  # powers of two
         x_rounded = xq.float().view(m, k // 128, 128) * xs[:, :, None]
-        y = fp8_linear(x, q, s)
+        y = fp8_linear(x, q, s, round_x=True)
         assert torch.equal(y, linear_scaled_mm(x, q, s))
         exact = x_rounded.view(m, k) @ w.T
         err = float((y.float() - exact).norm() / exact.norm())

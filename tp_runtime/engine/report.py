@@ -36,6 +36,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "device": res.device,
         "dtype": res.dtype,
         "weight_format": cfg.runtime.weight_format,
+        "fp8_activations": cfg.runtime.fp8_activations,
         "cache_format": cfg.runtime.cache_format,
         "cache_bytes_per_rank": cache_bytes_per_rank(cfg, res.dtype),
         "kernels": res.kernels,

@@ -44,7 +44,10 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 class Linear(nn.Module):
     """y = x @ W^T for this rank's W [out, in]: `weight` in the run dtype, or (fp8) `qweight`
-    float8_e4m3fn [out, in] with `scale`, one e8m0 byte per 128 x 128 block [ceil(out/128), ceil(in/128)]."""
+    float8_e4m3fn [out, in] with `scale`, one e8m0 byte per 128 x 128 block [ceil(out/128), ceil(in/128)].
+    round_x (FP8, set by the stack): GEMMs of more than 32 rows may round x to e4m3 (ops/linear.py)."""
+
+    round_x: bool = False
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
                  fp8: bool = False):
@@ -58,7 +61,7 @@ class Linear(nn.Module):
             self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.qweight, self.scale) if self.fp8 else F.linear(x, self.weight)
+        return fp8_linear(x, self.qweight, self.scale, round_x=self.round_x) if self.fp8 else F.linear(x, self.weight)
 
 
 class ReplicatedLinear(Linear):

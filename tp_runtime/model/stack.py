@@ -15,7 +15,7 @@ from tp_runtime.config import ModelConfig
 from tp_runtime.model.attention import DSV4Attention
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache, allocate_layer_cache
-from tp_runtime.model.layers import RMSNorm
+from tp_runtime.model.layers import Linear, RMSNorm
 from tp_runtime.model.step_index import IndexPlan
 from tp_runtime.parallel.group import TPGroup
 
@@ -30,9 +30,10 @@ class Block(nn.Module):
 
 class AttentionStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device,
-                 kernels: str = "torch", fp8: bool = False, fp8_cache: bool = False):
+                 kernels: str = "torch", fp8: bool = False, fp8_cache: bool = False, round_x: bool = False):
         """kernels: the resolved stage-B kernels ('torch' | 'triton', ops/select.py `resolve_kernels`);
         fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8);
+        round_x: FP8 GEMMs of more than 32 rows round x to e4m3 (runtime.fp8_activations=e4m3);
         fp8_cache: caches in the released FP8 layouts (runtime.cache_format=fp8; the layers follow the
         caches they are given)."""
         super().__init__()
@@ -45,6 +46,9 @@ class AttentionStack(nn.Module):
         self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device)
         self.layers = nn.ModuleDict({
             str(i): Block(cfg, r, tp, dtype, device, kernels, fp8) for i, r in zip(self.layer_ids, self.ratios)})
+        for m in self.modules():
+            if isinstance(m, Linear) and m.fp8:
+                m.round_x = round_x
 
     def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
         return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device, self.fp8_cache)

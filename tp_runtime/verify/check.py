@@ -53,9 +53,18 @@ TOLERANCES = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 3e-2}
 FP8_CACHE_TOLERANCES = {"float64": 1e-2, "float32": 1e-2, "bfloat16": 3e-2}
 
 
-def tolerance(dtype: str, cache_format: str) -> float:
-    """The per-token relative error allowed between equal computations in `dtype` with these caches."""
-    return FP8_CACHE_TOLERANCES[dtype] if cache_format == "fp8" else TOLERANCES[dtype]
+# With FP8 GEMMs rounding their activations (runtime.fp8_activations=e4m3), against the oracle that does not:
+# e4m3 keeps 3 mantissa bits, 2^-4 relative per element at most, about 2.7 % per GEMM output; five chained
+# GEMMs a layer on the residual stream gave 4.3e-2 over Flash layers 2-5 (H200), so 1e-1, while a wrong
+# scale (a factor of 2) or layout still moves outputs by more.
+ROUNDED_X_TOLERANCE = 1e-1
+
+
+def tolerance(dtype: str, cache_format: str, fp8_activations: str = "bf16") -> float:
+    """The per-token relative error allowed between equal computations in `dtype` with these caches and
+    FP8 GEMM activations."""
+    tol = FP8_CACHE_TOLERANCES[dtype] if cache_format == "fp8" else TOLERANCES[dtype]
+    return max(tol, ROUNDED_X_TOLERANCE) if fp8_activations == "e4m3" else tol
 
 
 def max_rel_err(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
@@ -108,10 +117,9 @@ def reference_outputs(cfg: RunConfig, requests: list[int], cache_format: str | N
                            fp8=uses_fp8_weights(cfg, device))
     fill_weights(stack, cfg.model.checkpoint, cfg.runtime.seed)
     # The oracle sees the run's weights exactly (already rounded to the run's dtype, or FP8 weights
-    # dequantized: exact), in float64. With FP8 weights the Triton GEMMs (M <= 32) differ from it only by
-    # accumulation order (fp32 sums per 128-column block) on top of bf16 activations; GEMMs of more rows
-    # (prefill chunks) also round x to e4m3 per 1 x 128 block (ops/linear.py): about 2.7 % per GEMM output,
-    # diluted by the residual stream to well under the bf16 tolerance (measured on Flash layers).
+    # dequantized: exact), in float64. With FP8 weights the Triton GEMMs differ from it only by accumulation
+    # order (fp32 sums per 128-column block) on top of bf16 activations: the bf16 tolerance holds. With
+    # runtime.fp8_activations=e4m3 GEMMs of more than 32 rows also round x (ROUNDED_X_TOLERANCE).
     w = {k: v.double() for k, v in full_tensors(stack).items()}
     del stack
     workload = build_workload(cfg)
@@ -129,7 +137,7 @@ def run_check(cfg: RunConfig) -> dict:
     eager1 = _variant(cfg, parallel={"tp": 1, "launcher": "local"}, graph={"mode": "eager"})
     tp1 = in_process(eager1, keep_outputs=True)
     oneshot = in_process(eager1, oneshot=True, keep_outputs=True)
-    tol = tolerance(main.dtype, cfg.runtime.cache_format)
+    tol = tolerance(main.dtype, cfg.runtime.cache_format, cfg.runtime.fp8_activations)
     run = f"tp={cfg.parallel.tp} {cfg.parallel.launcher}"
     comparisons = {
         "tp_vs_tp1": compare(main.outputs, tp1.outputs, (run, "tp=1"), tol),
