@@ -91,7 +91,7 @@ def gemv_configs(n: int, k: int, n_sm: int) -> list[LinearConfig]:
 
 def tile_configs(m: int, n: int, k: int, n_sm: int) -> list[LinearConfig]:
     """Tile-kernel configurations swept at M > 1: weight rows per tile, stages, programs per SM."""
-    bm = max(16, 1 << (m - 1).bit_length())
+    bm = tile_config(m, n, k, n_sm).block_m
     return [LinearConfig(bm, bn, 128, 4, stages, k_splits(m, n, k, bn, 128, n_sm, block_m=bm, per_sm=per_sm))
             for bn in (64, 128) for stages in (3, 4) for per_sm in (2, 4, 8)]
 

@@ -32,7 +32,8 @@ from tp_runtime.weights.checkpoint_read import load_checkpoint, read_raw_bytes, 
 from tp_runtime.weights.checkpoint_write import stored_values, write_checkpoint
 from tp_runtime.weights.fill import draw_full
 from tp_runtime.weights.format import INDEX, CheckpointError, scale_name
-from tp_runtime.weights.fp8 import dequantize_fp8, e8m0_to_float, quantize_fp8
+from tp_runtime.ops.linear import e8m0_scales
+from tp_runtime.weights.fp8 import dequantize_fp8, quantize_fp8
 from tp_runtime.weights.specs import model_specs, place, shard_of
 from conftest import ROOT, last_json, run_cli
 
@@ -109,7 +110,7 @@ def test_dequantized_shard_equals_slice_of_full(r0, r1, c0, c1, dtype):
 
 def test_e8m0_raw_bytes_match_torch(ckpt):
     v = torch.arange(0, 255, dtype=torch.uint8)  # every finite e8m0 value
-    assert torch.equal(e8m0_to_float(v), v.view(torch.float8_e8m0fnu).float())
+    assert torch.equal(e8m0_scales(v), v.view(torch.float8_e8m0fnu).float())
     name, path = "layers.2.attn.wq_b.scale", ckpt / FILE2
     with safe_open(str(path), framework="pt") as f:
         via_torch = f.get_slice(name)[1:2, 0:1].contiguous().view(torch.uint8)

@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
-from tp_runtime.model.attention import heads_torch, sparse_attention_torch
+from tp_runtime.model.attention import heads_torch
 from tp_runtime.ops import torch_path
 from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
                                       row_bytes)
@@ -38,12 +38,13 @@ pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
 from test_compressor_kernel_gpu import Case, step_batch  # noqa: E402
-from test_kernels_gpu import DECODE_POS, DTYPES, TOL, attention_case, rel_err, run_both, topk_case  # noqa: E402
+from test_kernels_gpu import (  # noqa: E402
+    DECODE_POS, DTYPES, TOL, assert_graph_replay_follows_inputs, attention_case, rel_err, run_both, topk_case)
 
 from tp_runtime.ops.cache_fp8 import load_keys, load_rows, store_key, store_row  # noqa: E402
 from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
 from tp_runtime.ops.rope import prepare_heads  # noqa: E402
-from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink  # noqa: E402
+from tp_runtime.ops.sparse_attention import AttnConfig  # noqa: E402
 
 EPS = 1e-6
 BYTES_DIFFER = 1e-3  # share of bytes two quantizations of near-equal fp32 values may differ in (docstring)
@@ -323,25 +324,7 @@ def test_fp8_kernels_replay_in_a_cuda_graph(ratio):
     _, b = fp8_attention_case(chunks_b, 64, ratio, torch.bfloat16, seed=12)
     tq = fp8_keys(topk_case([p // 4 for _, p, _ in chunks_a], 1024, torch.bfloat16, seed=13, integer=True))
     tb = fp8_keys(topk_case([p // 4 for _, p, _ in chunks_b], 1024, torch.bfloat16, seed=14, integer=True))
-    out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
-    sparse_attention_sink(*a, out)  # compile outside the capture
-    indexer_topk(*tq, 1024, 512)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sparse_attention_sink(*a, out)
-        picks = indexer_topk(*tq, 1024, 512)
-    for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
-        if isinstance(dst, torch.Tensor):
-            dst.copy_(src)
-        elif isinstance(dst, tuple):  # the RingIndex
-            for x, y in zip(dst, src):
-                x.copy_(y)
-    out.fill_(float("nan"))
-    g.replay()
-    ref = torch.empty_like(out)
-    sparse_attention_torch(*b, ref)
-    assert rel_err(out, ref) < TOL[torch.bfloat16]
-    assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)
+    assert_graph_replay_follows_inputs(T, a, b, tq, tb)
 
 
 # ------------------------------------------------------------------ the whole stack

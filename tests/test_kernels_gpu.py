@@ -266,22 +266,28 @@ def test_kernels_replay_in_a_cuda_graph(ratio):
         _, b = attention_case(chunks_b, 64, ratio, torch.bfloat16, seed=12)
         tq = topk_case([p // 4 for _, p, _ in chunks_a], 1024, torch.bfloat16, seed=13, integer=True)
         tb = topk_case([p // 4 for _, p, _ in chunks_b], 1024, torch.bfloat16, seed=14, integer=True)
-        out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
-        sparse_attention_sink(*a, out)  # compile outside the capture
-        indexer_topk(*tq, 1024, 512)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            sparse_attention_sink(*a, out)
-            picks = indexer_topk(*tq, 1024, 512)
-        for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
-            elif isinstance(dst, tuple):  # the RingIndex
-                for x, y in zip(dst, src):
-                    x.copy_(y)
-        out.fill_(float("nan"))
-        g.replay()
-        ref = torch.empty_like(out)
-        sparse_attention_torch(*b, ref)
-        assert rel_err(out, ref) < TOL[torch.bfloat16]
-        assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)
+        assert_graph_replay_follows_inputs(T, a, b, tq, tb)
+
+
+def assert_graph_replay_follows_inputs(T: int, a: tuple, b: tuple, tq: tuple, tb: tuple) -> None:
+    """Capture attention (args a) and top-K (args tq) once, copy b / tb into their tensors, replay: the
+    replay equals the torch path on b / tb (64 heads of 512, 1024 keys a token, K = 512)."""
+    out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    sparse_attention_sink(*a, out)  # compile outside the capture
+    indexer_topk(*tq, 1024, 512)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sparse_attention_sink(*a, out)
+        picks = indexer_topk(*tq, 1024, 512)
+    for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+        elif isinstance(dst, tuple):  # the RingIndex
+            for x, y in zip(dst, src):
+                x.copy_(y)
+    out.fill_(float("nan"))
+    g.replay()
+    ref = torch.empty_like(out)
+    sparse_attention_torch(*b, ref)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)

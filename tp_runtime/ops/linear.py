@@ -75,6 +75,9 @@ def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, gro
     return torch.nn.functional.linear(x, w) if groups == 1 else grouped_linear(x, w, groups)
 
 
+SCALED_MM_MIN_M = 33  # rows from which cuBLASLt's block-scaled FP8 GEMM beat the tile kernel (H200, Flash shapes)
+
+
 def fp8_path(m: int, n: int, k: int, groups: int, x: torch.Tensor, round_x: bool = False) -> str:
     """The path an FP8 GEMM of M rows takes on x's device: "torch" | "gemv" | "tile" | "scaled_mm" (only
     where x may be rounded to e4m3: round_x)."""
@@ -82,13 +85,10 @@ def fp8_path(m: int, n: int, k: int, groups: int, x: torch.Tensor, round_x: bool
         return "torch"
     if m == 1:
         return "gemv"
-    if (round_x and m > SCALED_MM_MIN_M - 1 and groups == 1 and x.dtype == torch.bfloat16 and k % BLOCK == 0 and n % 16 == 0
+    if (round_x and m >= SCALED_MM_MIN_M and groups == 1 and x.dtype == torch.bfloat16 and k % BLOCK == 0 and n % 16 == 0
             and blockwise_scaled_mm_available(x.device)):
         return "scaled_mm"
     return "tile"
-
-
-SCALED_MM_MIN_M = 33  # rows from which cuBLASLt's block-scaled FP8 GEMM beat the tile kernel (H200, Flash shapes)
 
 
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from tp_runtime.ops.linear import e8m0_scales
+
 BLOCK = 128  # edge of a quantization block, rows and columns
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -14,13 +16,6 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 def n_blocks(n: int) -> int:
     """Blocks of BLOCK covering n rows or columns (the last one partial)."""
     return -(-n // BLOCK)
-
-
-
-def e8m0_to_float(v: torch.Tensor) -> torch.Tensor:
-    """e8m0 bytes (uint8) -> float32 2^(v-127), exactly: v is an fp32 exponent field (v = 0 gives 2^-127)."""
-    bits = (v.to(torch.int32) << 23).view(torch.float32)
-    return torch.where(v == 0, 2.0 ** -127, bits)
 
 
 def dequantize_fp8(q: torch.Tensor, scale_bytes: torch.Tensor, row0: int = 0, col0: int = 0,
@@ -32,7 +27,7 @@ def dequantize_fp8(q: torch.Tensor, scale_bytes: torch.Tensor, row0: int = 0, co
     and an 8-bit exponent. Any origin works: a shard starting inside a block shares its scale.
     """
     rows, cols = q.shape
-    s = e8m0_to_float(scale_bytes.to(q.device)).to(dtype)
+    s = e8m0_scales(scale_bytes.to(q.device)).to(dtype)
     s = s[torch.arange(row0, row0 + rows, device=q.device) // BLOCK - row0 // BLOCK]  # [rows, sc]
     w = q.to(dtype)
     if col0 % BLOCK == 0 and cols % BLOCK == 0:  # whole column blocks (every released shard): broadcast
@@ -57,7 +52,7 @@ def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     mant, exp = torch.frexp(amax / FP8_MAX)  # amax/448 = mant * 2^exp, mant in [0.5, 1)
     k = torch.where(amax > 0, exp - (mant == 0.5).to(exp.dtype), 0).clamp(-127, 127)  # ceil(log2(amax/448))
     scale_bytes = (k + 127).to(torch.uint8)
-    q = (blocks / e8m0_to_float(scale_bytes)[:, None, :, None]).view_as(padded)[:out, :inp]  # exact: / 2^k
+    q = (blocks / e8m0_scales(scale_bytes)[:, None, :, None]).view_as(padded)[:out, :inp]  # exact: / 2^k
     return q.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale_bytes
 
 
