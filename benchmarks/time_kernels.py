@@ -114,8 +114,8 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
     rows.append(dict(kernel=name, variant="triton", config=cfg._asdict(),
                      ms=graph_time(lambda: sparse_attention_sink(*args(c_static), out, config=cfg))))
     if sweep:
-        for bh, bn, nw, ns in ((16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (32, 16, 4, 2), (32, 32, 8, 2),
-                               (32, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 1)):
+        for bh, bn, nw, ns in ((16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (32, 32, 8, 2), (32, 64, 8, 2),
+                               (64, 16, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3)):
             for split_len in sorted({cfg.split_len, 64, 128, 320, W + c_static}):
                 if split_len % bn:
                     continue
@@ -158,7 +158,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     bw = read_bandwidth()
     rows = []
-    for batch in (1, 32):
+    for batch in (1, 32, 128):
         for ctx in (4096, 32768):
             for ratio in (4, 128):
                 rows += attention_point(batch, ctx, ratio, sweep and ctx == 4096)

@@ -67,7 +67,7 @@ def _load_rows_kernel(b_ptr, y_ptr, n, D: tl.constexpr, DR: tl.constexpr, BLOCK_
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     ok = rows < n
-    y = load_rows(b_ptr + rows * NB, d, ok, D - DR, DR)
+    y = load_rows(b_ptr + rows * NB, d, ok, D - DR, DR, tl.float32)
     tl.store(y_ptr + rows[:, None] * D + d[None, :], y, mask=ok[:, None] & (d < D)[None, :])
 
 

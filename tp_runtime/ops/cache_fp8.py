@@ -16,8 +16,9 @@ found from amax's fp32 bits (exponent E, mantissa M: 448 = 1.75 * 2^8, so s = 2^
 1 + M / 2^23 <= 1.75, else twice that), exponent clamped to [-126, 126]; an all-zero block gets s = 1.
 Values are x / s (exact: s is a power of two) rounded to nearest e4m3, ties to even. Dequantized values
 (e4m3 * 2^k, bf16) are exact in bf16 and fp32. The torch functions and the Triton helpers compute the
-same bytes: the kernels encode and decode e4m3 with integer bit operations (Triton's interpreter rounds
-its native fp8 cast differently), which round like torch's float8_e4m3fn cast.
+same bytes: the kernels encode e4m3 with integer bit operations (Triton's interpreter rounds its native
+fp8 cast differently), which round like torch's float8_e4m3fn cast, and decode it with the hardware
+conversion (exact, so every implementation agrees).
 """
 
 from __future__ import annotations
@@ -113,16 +114,6 @@ def round_keys(x: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def e4m3_decode(b):
-    """e4m3 bytes (int32 in [0, 256)) -> fp32 values (exact)."""
-    e = (b >> 3) & 15
-    m = b & 7
-    normal = ((e + 120) << 23) | (m << 20)  # exponent rebiased 7 -> 127, mantissa 3 -> 23 bits
-    v = tl.where(e > 0, normal.to(tl.float32, bitcast=True), m.to(tl.float32) * 0.001953125)  # subnormal m * 2^-9
-    return tl.where((b & 128) != 0, -v, v)
-
-
-@jit
 def e4m3_encode(x):
     """fp32 values with |x| <= 448 -> e4m3 bytes (int32), rounded to nearest, ties to even."""
     bits = x.to(tl.int32, bitcast=True)
@@ -164,20 +155,30 @@ def bf16_bits(x):
 
 
 @jit
-def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr):
-    """Attention rows read in place: ptr [N] uint8 pointers to rows, d [BLOCK_D] dims, ok [N] rows to read
-    -> [N, BLOCK_D] fp32 (zero where not ok or d >= DN + DR)."""
+def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexpr):
+    """Attention rows read in place: ptr [N] uint8 pointers to rows (8-byte aligned: row_bytes pads to 8),
+    d = arange(BLOCK_D) dims, ok [N] rows to read -> [N, BLOCK_D] in DTYPE (bf16 or fp32; zero where not ok
+    or d >= DN + DR). Exact: e4m3 values times a power of two, and bf16 rope dims, are exact in both.
+
+    The nope bytes and the rope dims load as vectors (8 bytes / 4 bf16 a load), e4m3 decodes by the
+    hardware conversion, and each row's DN / 64 scale bytes load once and are broadcast over their 64
+    dims; decoding straight to bf16 keeps half the registers of an fp32 tile."""
+    N: tl.constexpr = ptr.shape[0]
+    BLOCK_D: tl.constexpr = d.shape[0]
+    G: tl.constexpr = BLOCK_D // 64
     p = ptr[:, None]
-    nm = ok[:, None] & (d < DN)[None, :]
-    codes = tl.load(p + d[None, :], mask=nm, other=0).to(tl.int32)
-    sc = tl.load(p + DN + 2 * DR + d[None, :] // 64, mask=nm, other=127).to(tl.int32)
-    nope = e4m3_decode(codes) * exp2_int(sc - 127)
-    rd = tl.maximum(d - DN, 0)
+    is_nope = (d < DN)[None, :]
+    codes = tl.load(p + d[None, :], mask=ok[:, None] & is_nope, other=0)  # [N, BLOCK_D] uint8
+    nope = codes.to(tl.float8e4nv, bitcast=True).to(DTYPE)
+    g = tl.arange(0, G)
+    sc = tl.load(p + (DN + 2 * DR) + g[None, :], mask=ok[:, None] & (g < DN // 64)[None, :], other=127)
+    scale = exp2_int(sc.to(tl.int32) - 127).to(DTYPE)  # [N, G]: 1 for groups past the nope dims
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (N, G, 64)), (N, BLOCK_D))
+    rp = (ptr + DN).to(tl.pointer_type(tl.uint16))[:, None]  # bf16 rope dims at byte DN (DN % 64 == 0)
     rm = ok[:, None] & ((d >= DN) & (d < DN + DR))[None, :]
-    rp = (p + DN).to(tl.pointer_type(tl.uint16))  # 2-byte aligned: rows are multiples of 8 bytes, DN even
-    bits = tl.load(rp + rd[None, :], mask=rm, other=0).to(tl.int32)  # bf16 bits: fp32 = bits << 16, exact
-    rope = (bits << 16).to(tl.float32, bitcast=True)
-    return tl.where((d < DN)[None, :], nope, rope)
+    bits = tl.load(rp + (d[None, :] - DN), mask=rm, other=0).to(tl.int32)  # fp32 = bf16 bits << 16, exact
+    rope = (bits << 16).to(tl.float32, bitcast=True).to(DTYPE)
+    return tl.where(is_nope, nope * scale, rope)
 
 
 @jit
@@ -202,14 +203,12 @@ def store_row(ptr, y, DN: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr,
 
 @jit
 def load_keys(ptr, d, ok, ID: tl.constexpr):
-    """Indexer keys read in place: ptr [N] uint8 pointers, d [BLOCK_D], ok [N] -> [N, BLOCK_D] fp32."""
-    codes = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < ID)[None, :], other=0).to(tl.int32)
-    b0 = tl.load(ptr + ID, mask=ok, other=0).to(tl.int32)
-    b1 = tl.load(ptr + ID + 1, mask=ok, other=0).to(tl.int32)
-    b2 = tl.load(ptr + ID + 2, mask=ok, other=0).to(tl.int32)
-    b3 = tl.load(ptr + ID + 3, mask=ok, other=0).to(tl.int32)
-    scale = (b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)).to(tl.float32, bitcast=True)  # [N]
-    return e4m3_decode(codes) * scale[:, None]
+    """Indexer keys read in place: ptr [N] uint8 pointers (4-byte aligned: keys are Id + 4 bytes with Id a
+    multiple of 4), d [BLOCK_D], ok [N] -> [N, BLOCK_D] fp32. Vector loads of the e4m3 bytes, the hardware
+    e4m3 conversion (exact) and one fp32 scale load a key."""
+    codes = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < ID)[None, :], other=0)
+    scale = tl.load((ptr + ID).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)  # [N]
+    return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
 
 
 @jit

@@ -6,16 +6,17 @@ Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[
 
 and the K largest, ties to the lower index, -1 where fewer than K exist. Two kernels:
 
-1. `_score_kernel`, grid (T, key blocks): one block of keys of one token per program, fp32 scores
-   into a scratch row; a program whose block starts at or past n[t] (read from device memory)
-   returns at once, so keys past a token's count are never read.
+1. `_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its
+   q and w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read
+   from device memory) is not read, and a program whose run starts there returns at once.
 2. `_select_kernel`, grid (T,): a radix select on the scores' order-preserving 32-bit keys (4 passes
    of 8-bit histograms over the token's n[t] scores find the K-th largest key and how many keys equal
    to it are taken), then one pass writes the chosen indices, in index order, the equal keys of lowest
    index first. When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch.
 
 With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
-fp32 scale in place and dequantizes in registers (exact in q's dtype).
+fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
+registers (exact in q's dtype).
 
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
 it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
@@ -24,10 +25,13 @@ it). Their order differs from the torch path's (by score there, by index here); 
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_keys
-from tp_runtime.ops.kernel_support import jit, tl, triton
+from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
 
 
 @jit
@@ -39,10 +43,10 @@ def _score_kernel(
     score_ptr, s_score,  # scratch [T, n_keys] fp32
     n_keys, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr,
+    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     t = tl.program_id(0)
-    start = tl.program_id(1) * BLOCK_N
+    start = tl.program_id(1) * (BLOCK_N * BLOCKS)  # this program's BLOCKS blocks of keys
     n = tl.minimum(tl.load(nv_ptr + t), n_keys)
     if start < n:
         h = tl.arange(0, BLOCK_H)
@@ -50,17 +54,18 @@ def _score_kernel(
         qm = (h < IH)[:, None] & (d < ID)[None, :]
         q = tl.load(q_ptr + t * sq_t + h[:, None] * sq_h + d[None, :], mask=qm, other=0.0)  # [BLOCK_H, BLOCK_D]
         w = tl.load(w_ptr + t * sw_t + h, mask=h < IH, other=0.0).to(tl.float32)  # [BLOCK_H]
-        s = start + tl.arange(0, BLOCK_N)
-        km = s < n
-        slot = tl.load(slot_ptr + t)
-        if FP8:  # e4m3 bytes times each key's fp32 scale (exact in q's dtype)
-            k = load_keys(k_ptr + slot * sk_slot + s.to(tl.int64) * sk_row, d, km, ID).to(q_ptr.dtype.element_ty)
-        else:
-            k = tl.load(k_ptr + slot * sk_slot + s[:, None].to(tl.int64) * sk_row + d[None, :],
-                        mask=km[:, None] & (d < ID)[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N] fp32
-        score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
-        tl.store(score_ptr + t * s_score + s, score, mask=km)
+        base = k_ptr + tl.load(slot_ptr + t) * sk_slot
+        for b0 in range(start, tl.minimum(start + BLOCK_N * BLOCKS, n), BLOCK_N):
+            s = b0 + tl.arange(0, BLOCK_N)
+            km = s < n
+            row = base + tl.multiple_of(s.to(tl.int64) * sk_row, ROW_ALIGN)  # [BLOCK_N] row pointers
+            if FP8:  # e4m3 bytes times each key's fp32 scale (exact in q's dtype)
+                k = load_keys(row, d, km, ID).to(q_ptr.dtype.element_ty)
+            else:
+                k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
+            logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
+            score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
+            tl.store(score_ptr + t * s_score + s, score, mask=km)
 
 
 @jit
@@ -122,8 +127,31 @@ def _select_kernel(
             eq_seen += tl.sum(eq, axis=0)
 
 
+class TopkConfig(NamedTuple):
+    """Launch configuration of the two kernels (fixed per shape; see `score_config`)."""
+
+    block_n: int  # keys a block of the score kernel
+    blocks: int  # blocks a score program loops over (its q and w loaded once)
+    num_warps: int  # of the score kernel
+    chunk: int  # scores a step of the select kernel's passes
+    select_warps: int
+
+
+def score_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
+    """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
+    (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
+    at least ~8 programs per SM remain (up to 8 blocks). The select kernel (one program per token) steps
+    over 2048 scores at a time with 8 warps. From the H200 sweep at Flash dims, 32K context, bf16 / FP8
+    keys, against one block a program and 1024 scores with 4 warps: batch 1 61 -> 48 / 62 -> 48 us;
+    batch 32 94 -> 74 / 107 -> 78 us; batch 128 175 -> 136 / 239 -> 158 us. At 4K (1K live keys) the
+    wider select costs ~3 us more (batch 1: 17 -> 20 us)."""
+    per_token = triton.cdiv(n_keys, 64)
+    blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
+    return TopkConfig(64, blocks, 4, 2048, 8)
+
+
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                 n_keys: int, k: int) -> torch.Tensor:
+                 n_keys: int, k: int, config: TopkConfig | None = None) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
     q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
@@ -138,16 +166,16 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         return out.fill_(-1)
     assert q.stride(2) == 1 and keys.stride(2) == 1
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
+    cfg = config or score_config(T, n_keys, sm_count(q.device))
     block_h = max(16, triton.next_power_of_2(ih))
     block_d = max(16, triton.next_power_of_2(idim))
-    block_n = 64
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _score_kernel[(T, triton.cdiv(n_keys, block_n))](
+    _score_kernel[(T, triton.cdiv(n_keys, cfg.block_n * cfg.blocks))](
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
         scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
-        IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=block_n, PRECISION=precision,
-        FP8=keys.dtype == torch.uint8,
-        num_warps=4, num_stages=2)
+        IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
+        PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=math.gcd(16, keys.stride(0), keys.stride(1)),
+        num_warps=cfg.num_warps, num_stages=2)
     _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                         CHUNK=1024, num_warps=4)
+                         CHUNK=cfg.chunk, num_warps=cfg.select_warps)
     return out

@@ -23,7 +23,9 @@ This is what `DSV4Attention.attend` computes on the torch path (candidates gathe
 
 With FP8 caches (uint8 kv, window and compressed rows in the layout of ops/cache_fp8.py) the kernel reads
 each candidate's e4m3 bytes, its scale bytes and its bf16 rope bytes in place and dequantizes in registers
-(exact in the run dtype), the same values torch_path's gather-then-dequantize gives.
+(exact in the run dtype), the same values torch_path's gather-then-dequantize gives. Row offsets carry
+the host-checked alignment of the row strides (`row_align`; 8 bytes for 584-byte rows), so rows load as
+vectors rather than byte by byte.
 
 Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
 C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning).
@@ -31,6 +33,7 @@ C): capturable in a CUDA graph. Configurations are fixed per shape (no autotunin
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -61,7 +64,7 @@ def _sparse_attn_kernel(
     W: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     HAS_COMP: tl.constexpr, HAS_PICKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -98,7 +101,9 @@ def _sparse_attn_kernel(
         srow = tl.load(step_row_ptr + t * s_sr + wj, mask=wm & ins, other=0)
         rrow = tl.load(ring_row_ptr + t * s_rr + wj, mask=wm & (~ins), other=0)
         ok = wm & (tl.load(valid_ptr + t * s_va + wj, mask=wm, other=0) != 0)
-        ptr = tl.where(ins, kv_ptr + srow * skv_t, win_ptr + rrow * swin)
+        # every row offset is a multiple of ROW_ALIGN elements (host-checked): the row loads are vectors
+        ptr = tl.where(ins, kv_ptr + tl.multiple_of(srow * skv_t, ROW_ALIGN),
+                       win_ptr + tl.multiple_of(rrow * swin, ROW_ALIGN))
         if HAS_COMP:
             c = tl.maximum(j - W, 0)
             cm = live & (~is_win)
@@ -109,10 +114,10 @@ def _sparse_attn_kernel(
             else:
                 idx = c.to(tl.int64)
                 cok = cm
-            ptr = tl.where(is_win, ptr, comp_ptr + slot * sc_slot + idx * sc_row)
+            ptr = tl.where(is_win, ptr, comp_ptr + tl.multiple_of(slot * sc_slot + idx * sc_row, ROW_ALIGN))
             ok = ok | cok
         if FP8:  # e4m3 * scale and bf16 rope bytes, dequantized in registers (exact in q's dtype)
-            rows = load_rows(ptr, d, ok, D - DR, DR).to(q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
+            rows = load_rows(ptr, d, ok, D - DR, DR, q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
         else:
             rows = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(q, tl.trans(rows), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_N] fp32
@@ -121,7 +126,7 @@ def _sparse_attn_kernel(
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         den = den * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(rows.dtype), rows, input_precision=PRECISION)
+        acc = tl.dot(p.to(rows.dtype), rows, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
 
     if not SPLIT:
@@ -171,27 +176,38 @@ class AttnConfig(NamedTuple):
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
 
 
-def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False) -> AttnConfig:
+def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False,
+                fp32: bool = False) -> AttnConfig:
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
     the SM count, down to 64 candidates a split: a program's fixed cost (its q tile, the index loads, the
-    partials) is what decode at small batch pays, so more, shorter programs win there. With many tokens,
-    32 heads a program halve how often each gathered row is read. From the H200 sweep at Flash dims
-    (benchmarks/time_kernels.py --sweep, ratio 4 / 128): batch 1 / 4K 37 -> 25 / 34 -> 22 us; batch 32 /
-    4K 114 -> ~62 / 38 -> ~36 us.
-
-    fp8 (rows read as bytes and dequantized in registers): 32 candidates a block for wide rows, half the
-    bf16 tile, since the byte, scale and rope loads and their decoding hold more registers than one bf16
-    tile; not yet measured against 64 (benchmarks/time_kernels.py's sweep is where to check it)."""
+    partials) is what decode at small batch pays, so more, shorter programs win there (16 heads, 64
+    candidates a block; 32 with FP8 rows, whose bytes, scales and decoding hold more registers). With
+    many tokens, all of a token's heads (up to 64) share one program, 32 candidates a block: each row is
+    gathered and decoded once for every head. From the H200 sweeps at Flash dims, 32K context
+    (benchmarks/time_kernels.py --sweep; bf16 / FP8 rows, ratio 4): batch 128 209 -> 159 / 434 -> 188 us
+    against 32 heads a program; batch 32 70 -> 76 / 145 -> 87 us; ratio 128 at batch 128 122 -> 94 /
+    249 -> 118 us. fp32 (the checks' dtype; tiles of twice the bytes): 32 heads a program, 32 / 64
+    candidates a block with / without FP8 rows, whose tiles fit in shared memory."""
     few = n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm
     wide = head_dim >= 256
-    block_h = 16 if few or not wide or n_heads <= 16 else 32
-    block_n = (32 if fp8 else 64) if wide else 16
+    if few or not wide:
+        block_h, block_n = 16, ((32 if fp8 else 64) if wide else 16)
+    elif fp32:
+        block_h, block_n = (16 if n_heads <= 16 else 32), (32 if fp8 else 64)
+    else:  # every head of a token in one program: each gathered row is read (and decoded) once
+        block_h, block_n = min(64, max(16, triton.next_power_of_2(n_heads))), 32
     base = n_tokens * triton.cdiv(n_heads, block_h)
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
     split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
     return AttnConfig(block_h, block_n, 8 if wide else 4, 2, split_len)
+
+
+def row_align(*strides: int) -> int:
+    """The largest power of two (<= 16) dividing every row stride, in elements: the kernel's promise to the
+    compiler about row offsets, so that rows load as vectors (FP8 rows of 584 bytes: 8)."""
+    return math.gcd(16, *strides)
 
 
 COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
@@ -218,7 +234,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     has_comp = compressed is not None and n_comp > 0
     C = n_comp if has_comp else 0
     fp8 = window.dtype == torch.uint8
-    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8)
+    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8, q.dtype == torch.float32)
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)
     block_d = triton.next_power_of_2(D)
@@ -244,6 +260,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         W=W, D=D, DR=dr, HAS_COMP=has_comp, HAS_PICKS=picks is not None,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
+        ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](
