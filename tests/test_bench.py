@@ -16,6 +16,8 @@ import matplotlib.image
 import pytest
 import torch
 
+from conftest import STOP, STOP_TIMEOUT_S, run_cli, stopped_at
+
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded, prefill_plans
 from tp_runtime.bench.measure import BreakTimer, ratio_stats
 from tp_runtime.bench.plots import write_plots
@@ -362,6 +364,21 @@ def test_allreduce_benchmark_on_gloo(tmp_path):
     assert all(row["eager_us"] > 0 and row["graph_us"] is None for row in res["rows"])
     assert res["graph"].startswith("skipped") and res["backend"] == "gloo"
     assert json.loads(Path(res["file"]).read_text())["rows"] == res["rows"]
+
+
+def test_a_stopped_rank_ends_a_tp2_sweep_within_the_timeout(tmp_path):
+    # Rank 1 SIGSTOPs itself as its 6th step begins (a hung rank): rank 0's collective times out, the
+    # heartbeat names rank 1, rank 0 ends it, and the launcher reports it, within the bound of `run`.
+    r = run_cli(["bench", str(TINY_SWEEP), "grid.parallel.tp=[2]", "grid.bench.batch=[2]", "grid.bench.context=[12]",
+                 "bench.prefill_check=false", f"bench.output={tmp_path}", "parallel.fail_rank=1", *STOP],
+                timeout_s=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    # the CLI's error line (the killed rank's leaked semaphores may be reported after it)
+    err = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith("error: rank 1 failed"), r.stderr[-3000:]
+    assert "rank 1 (host " in err[0] and "stopped answering" in err[0], err
+    after = r.ended - stopped_at(r.stderr, 1)
+    assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli also asserts no process is left
 
 
 # ------------------------------------------------------------------ GPU (pytest -m gpu)

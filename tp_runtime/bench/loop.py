@@ -16,6 +16,10 @@ next positions. Per point:
 The prefill check (one point per group: the smallest batch and context) runs each mode twice,
 interleaved, on two sets of slots of the same shard: one filled with seeded rows, one by the real
 chunked prefill; `prefill_vs_seeded` compares them.
+
+A peer that stops answering is named and ended as under `run` (parallel/peer_watch.py: within
+parallel.timeout_s, or timeout_s + one heartbeat period where a lane's all-reduce is in symmetric memory);
+parallel.fail_rank / fail_step / fail_mode inject that fault into the lanes' Workers.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from tp_runtime.bench.sweep_config import MODES, BenchSettings, split_mode
 from tp_runtime.config import config_from_dict
 from tp_runtime.engine.plan import SeqChunk, StepPlan
 from tp_runtime.engine.timing import StepTimer, timer_name
-from tp_runtime.engine.worker import Worker
+from tp_runtime.engine.worker import FaultyWorker, Worker
 from tp_runtime.engine.workload import Workload
 from tp_runtime.parallel.group import TPGroup, group_from_env, shutdown, single_process
+from tp_runtime.parallel.peer_watch import PeerWatch
 
 
 @dataclass
@@ -78,6 +83,7 @@ class BenchEnv:
     machine: dict
     launcher: str
     name: str
+    watch: PeerWatch | None = None  # armed once a lane's all-reduce runs in symmetric memory
     bar: tqdm | None = None
     log: Path | None = None  # rank 0 appends every point's records here as soon as they exist
     allreduce_cache: dict = field(default_factory=dict)
@@ -115,18 +121,19 @@ def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
     tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
     env = None
     try:
-        env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), _machine(tp, bench_dict), p.launcher,
-                       bench_dict["name"])
-        prog = bench_dict.get("progress", {})
-        if tp.rank == 0:
-            env.log = partial_log(env.s.output, env.name)
-            env.log.parent.mkdir(parents=True, exist_ok=True)
-        env.bar = tqdm(total=prog.get("total"), initial=prog.get("offset", 0), unit="point", file=sys.stderr,
-                       desc=f"bench {env.name} tp={tp.size}", disable=tp.rank != 0, dynamic_ncols=True)
-        records: list[dict] = []
-        for group in bench_dict["groups"]:
-            records += _run_group(env, group)
-        return records if tp.rank == 0 else None
+        with PeerWatch(tp, p.timeout_s) as watch:  # a peer that stops answering is named, never waited on
+            env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), _machine(tp, bench_dict), p.launcher,
+                           bench_dict["name"], watch)
+            prog = bench_dict.get("progress", {})
+            if tp.rank == 0:
+                env.log = partial_log(env.s.output, env.name)
+                env.log.parent.mkdir(parents=True, exist_ok=True)
+            env.bar = tqdm(total=prog.get("total"), initial=prog.get("offset", 0), unit="point", file=sys.stderr,
+                           desc=f"bench {env.name} tp={tp.size}", disable=tp.rank != 0, dynamic_ncols=True)
+            records: list[dict] = []
+            for group in bench_dict["groups"]:
+                records += _run_group(env, group)
+            return records if tp.rank == 0 else None
     finally:
         if env is not None and env.bar is not None:
             env.bar.close()
@@ -165,7 +172,10 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
         for mode, d in group["workers"].items():
             cfg = config_from_dict(d, f"{env.name} {mode}")
             shard, seqs = shards.get(_shard_key(cfg), (None, Seqs()))
-            worker = Worker(cfg, tp, shard=shard)
+            worker_cls = FaultyWorker if cfg.parallel.fail_rank == tp.rank else Worker
+            worker = worker_cls(cfg, tp, shard=shard)
+            if env.watch is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
+                env.watch.arm()
             shards[_shard_key(cfg)] = (worker.shard, seqs)
             lanes.append(Lane(mode, mode, worker, seqs))
         shards, single = {}, single_process(tp.device)

@@ -22,10 +22,9 @@ from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_con
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
-from tp_runtime.parallel.errors import RankLostError
 from tp_runtime.parallel.group import group_from_env, shutdown
-from tp_runtime.parallel.heartbeat import Heartbeat, Silent, kill, lost_message, on_this_machine
 from tp_runtime.parallel.launcher import run_on_ranks
+from tp_runtime.parallel.peer_watch import PeerWatch
 from tp_runtime.paths import check_output_file
 
 
@@ -41,46 +40,19 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
     cfg = config_from_dict(cfg_dict)
     p = cfg.parallel
     tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    beat = Heartbeat.start(tp.rank, tp.size, p.timeout_s) if tp.size > 1 else None
     worker = None
     try:
-        worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
-        worker = worker_cls(cfg, tp, oneshot=oneshot)
-        if beat is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
-            beat.watch(p.timeout_s, lambda lost: _exit_lost(beat, lost, tp.rank, p.timeout_s))
-        result = drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
-        if beat is not None:
-            beat.finish()  # rank 0 may still write the results: this rank's silence is not a loss
-        return result
-    except Exception as e:
-        if beat is not None and (lost := beat.silent_peers()):
-            raise _peers_lost(beat, lost, tp.rank, p.timeout_s) from e
-        raise
+        with PeerWatch(tp, p.timeout_s) as watch:
+            worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
+            worker = worker_cls(cfg, tp, oneshot=oneshot)
+            if worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
+                watch.arm()
+            return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
     finally:
-        if beat is not None:
-            beat.stop()
         if worker is not None:
             worker.close()
         else:
             shutdown(tp)
-
-
-def _peers_lost(beat: Heartbeat, lost: list[Silent], rank: int, timeout_s: float) -> RankLostError:
-    """Name the silent peers (stderr, the launcher's store, the error) and end those on this machine."""
-    here = on_this_machine(lost)
-    message = lost_message(lost, here, rank, timeout_s)
-    # Said before the kill: a launcher may stop this rank as soon as it sees the killed one.
-    print(f"tp_runtime: rank {rank}: {message}", file=sys.stderr, flush=True)
-    beat.record_lost(message)  # the local launcher reads it from its store
-    kill(here)
-    return RankLostError(message)
-
-
-def _exit_lost(beat: Heartbeat, lost: list[Silent], rank: int, timeout_s: float) -> None:
-    """The heartbeat watch's action (symmetric-memory all-reduce): name and end the silent peers, then end
-    this process, whose main thread may be blocked on a kernel that waits for them forever."""
-    _peers_lost(beat, lost, rank, timeout_s)
-    os._exit(1)
 
 
 def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
