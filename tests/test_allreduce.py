@@ -6,6 +6,8 @@ bench's all-reduce lanes. The symmetric-memory kernels themselves: tests/test_al
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -188,6 +190,26 @@ def test_heartbeat_watch_acts_once_a_peer_is_silent_for_the_limit():
         assert 0.5 - 0.15 <= fired[0][0] - t0 < 0.5 + 0.5
         time.sleep(0.3)
         assert len(fired) == 1  # once
+    finally:
+        me.stop()
+        peer.stop()
+
+
+def test_heartbeat_learns_its_peers_at_start_not_only_in_its_loop():
+    # A peer that stops within the loop's first period must still be named by host and pid: rank 0's
+    # loop looks once (no peer yet) and then sleeps 30 s; learn_peers reads the identity at once.
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    me = Heartbeat(server, 0, 2, 30.0, None)
+    deadline = time.monotonic() + 5
+    while 1 not in me._count and time.monotonic() < deadline:  # its first look is done
+        time.sleep(0.01)
+    peer = Heartbeat(client, 1, 2, 30.0, None)
+    try:
+        assert me._silent(1, 1.0).describe() == "rank 1"  # the loop has not seen it
+        me.learn_peers(2.0)
+        assert me._silent(1, 1.0).describe() == f"rank 1 (host {socket.gethostname()}, pid {os.getpid()})"
     finally:
         me.stop()
         peer.stop()

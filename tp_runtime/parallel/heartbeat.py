@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 SILENT_PERIODS = 3  # periods without a moving counter that make a peer silent
 PREFIX = "tp_runtime/heartbeat"  # this module's keys in the launcher's store
+WHO_WAIT_S = 10.0  # at start, how long a rank waits for its peers' identities before beating without them
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,22 @@ class Heartbeat:
         client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         store_rank = None if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
         period = min(1.0, timeout_s / 10)  # silent after 3 periods: well inside the collective timeout
-        return cls(dist.PrefixStore(PREFIX, client), rank, world, period, store_rank)
+        beat = cls(dist.PrefixStore(PREFIX, client), rank, world, period, store_rank)
+        beat.learn_peers(min(timeout_s, WHO_WAIT_S))
+        return beat
+
+    def learn_peers(self, wait_s: float) -> None:
+        """Read every peer's identity (host, pid) as soon as all have written it: every rank starts its
+        heartbeat right after the group forms, and a peer that stops within the loop's first period would
+        otherwise be named without them (the store's host, once stopped, can no longer be read). A peer
+        slower than wait_s is read by the loop later."""
+        try:
+            self._store.wait([f"who/{r}" for r in self.peers], timedelta(seconds=wait_s))
+            who = {r: json.loads(self._store.get(f"who/{r}")) for r in self.peers}
+        except Exception:  # noqa: BLE001 - a peer late to start (or gone): the loop keeps looking
+            return
+        with self._lock:
+            self._who.update(who)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
