@@ -170,10 +170,15 @@ def test_a_stopped_rank_is_named_within_the_timeout():
 # ---------------------------------------------------------------- the bounds' mechanisms, in process
 
 
-def test_heartbeat_watch_acts_once_a_peer_is_silent_for_the_limit():
+def _store_pair() -> tuple[dist.TCPStore, dist.TCPStore]:
+    """A two-rank rendezvous store on loopback: the server (rank 0's side) and one client (rank 1's)."""
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
-    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    return server, dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+
+
+def test_heartbeat_watch_acts_once_a_peer_is_silent_for_the_limit():
+    server, client = _store_pair()
     me, peer = Heartbeat(server, 0, 2, 0.05, None), Heartbeat(client, 1, 2, 0.05, None)
     fired: list[tuple[float, list]] = []
     me.watch(0.5, lambda lost: fired.append((time.monotonic(), lost)))
@@ -198,9 +203,7 @@ def test_heartbeat_watch_acts_once_a_peer_is_silent_for_the_limit():
 def test_heartbeat_learns_its_peers_at_start_not_only_in_its_loop():
     # A peer that stops within the loop's first period must still be named by host and pid: rank 0's
     # loop looks once (no peer yet) and then sleeps 30 s; learn_peers reads the identity at once.
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
-    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    server, client = _store_pair()
     me = Heartbeat(server, 0, 2, 30.0, None)
     deadline = time.monotonic() + 5
     while 1 not in me._count and time.monotonic() < deadline:  # its first look is done
@@ -216,9 +219,7 @@ def test_heartbeat_learns_its_peers_at_start_not_only_in_its_loop():
 
 
 def test_heartbeat_watch_ignores_a_peer_that_finished_its_run():
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
-    client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    server, client = _store_pair()
     me, peer = Heartbeat(server, 0, 2, 0.05, None), Heartbeat(client, 1, 2, 0.05, None)
     fired = []
     me.watch(0.3, fired.append)

@@ -132,7 +132,8 @@ class SweepConfig:
         base_mode, settings = split_mode(mode)
         graph_mode, scope = MODES[base_mode]
         data.setdefault("parallel", {})["tp"] = tp
-        if (data["parallel"].get("fail_rank") or 0) >= tp:  # fault injection: only where that rank exists
+        fail_rank = data["parallel"].get("fail_rank")
+        if fail_rank is not None and fail_rank >= tp:  # fault injection: only where that rank exists
             data["parallel"]["fail_rank"] = None
         for key, word in settings.items():
             data.setdefault(LANE_SECTIONS.get(key, "runtime"), {})[key] = word

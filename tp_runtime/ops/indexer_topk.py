@@ -25,13 +25,12 @@ it). Their order differs from the torch path's (by score there, by index here); 
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_keys
-from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, row_align, sm_count, tl, triton
 
 
 @jit
@@ -128,7 +127,7 @@ def _select_kernel(
 
 
 class TopkConfig(NamedTuple):
-    """Launch configuration of the two kernels (fixed per shape; see `score_config`)."""
+    """Launch configuration of the two kernels (fixed per shape; see `topk_config`)."""
 
     block_n: int  # keys a block of the score kernel
     blocks: int  # blocks a score program loops over (its q and w loaded once)
@@ -137,7 +136,7 @@ class TopkConfig(NamedTuple):
     select_warps: int
 
 
-def score_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
+def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
     at least ~8 programs per SM remain (up to 8 blocks). The select kernel (one program per token) steps
@@ -166,7 +165,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         return out.fill_(-1)
     assert q.stride(2) == 1 and keys.stride(2) == 1
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
-    cfg = config or score_config(T, n_keys, sm_count(q.device))
+    cfg = config or topk_config(T, n_keys, sm_count(q.device))
     block_h = max(16, triton.next_power_of_2(ih))
     block_d = max(16, triton.next_power_of_2(idim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -174,7 +173,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
         scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
-        PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=math.gcd(16, keys.stride(0), keys.stride(1)),
+        PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
         num_warps=cfg.num_warps, num_stages=2)
     _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
                          CHUNK=cfg.chunk, num_warps=cfg.select_warps)

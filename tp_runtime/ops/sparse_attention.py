@@ -33,13 +33,12 @@ C): capturable in a CUDA graph. Configurations are fixed per shape (no autotunin
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_rows
-from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
 if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
@@ -202,12 +201,6 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
     split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
     return AttnConfig(block_h, block_n, 8 if wide else 4, 2, split_len)
-
-
-def row_align(*strides: int) -> int:
-    """The largest power of two (<= 16) dividing every row stride, in elements: the kernel's promise to the
-    compiler about row offsets, so that rows load as vectors (FP8 rows of 584 bytes: 8)."""
-    return math.gcd(16, *strides)
 
 
 COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
