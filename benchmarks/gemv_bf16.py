@@ -125,9 +125,11 @@ def bench_shape(n: int, k: int, norm: bool, ms: list[int], calls: int, sweep: bo
     for m in ms:
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
         us = {name: graph_us(fn, weights, n_calls) for name, fn in variants(x, gw).items()}
-        row = {"N": n, "K": k, "M": m, "norm": norm, "weight_MB": nbytes / 1e6, "config": gemv_config(m, n, k, sm_count(x.device))._asdict(),
-               "us": us, "GBps": {v: nbytes / (t * 1e-6) / 1e9 for v, t in us.items()},
-               "ratio": {v: us[v] / us["cublas_norm" if "norm" in v else "cublas"] for v in us if v.startswith("triton")}}
+        row = {"N": n, "K": k, "M": m, "norm": norm, "weight_MB": nbytes / 1e6,
+               "config": gemv_config(m, n, k, sm_count(x.device))._asdict(), "us": us,
+               "GBps": {v: nbytes / (t * 1e-6) / 1e9 for v, t in us.items()},
+               "ratio": {v: t / us["cublas_norm" if "norm" in v else "cublas"] for v, t in us.items()
+                         if v.startswith("triton")}}
         if sweep:
             timed = [(graph_us(lambda w, c=c: gemv(x, w, config=c), weights, n_calls), c)
                      for c in sweep_configs(m, n, k, sm_count(x.device))]
@@ -143,7 +145,7 @@ def suggested(rows: list[dict], variant: str, against: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for key in sorted({(r["N"], r["K"]) for r in rows if variant in r["us"]}):
         best = 0
-        for r in sorted((r for r in rows if (r["N"], r["K"]) == key), key=lambda r: r["M"]):
+        for r in sorted((r for r in rows if (r["N"], r["K"]) == key and variant in r["us"]), key=lambda r: r["M"]):
             if r["us"][variant] >= r["us"][against]:
                 break
             best = r["M"]

@@ -87,7 +87,8 @@ def test_add_rms_norm_matches_the_unfused_composition(C, dtype):
 
 def test_add_rms_norm_in_place_and_bad_input():
     g = _gen(1)
-    h, y, w = rows(3, 48, torch.float32, g, False), rows(3, 48, torch.float32, g, True), norm_weight(48, torch.float32, g)
+    h, y = rows(3, 48, torch.float32, g, False), rows(3, 48, torch.float32, g, True)
+    w = norm_weight(48, torch.float32, g)
     ref_h, ref_x = torch_path.add_rms_norm(h, y, w, EPS)
     h_new, x = add_rms_norm(h, y, w, EPS, h_out=h)
     assert h_new.data_ptr() == h.data_ptr() and torch.equal(h, ref_h)

@@ -96,7 +96,8 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> t
     return (y if weight is None else y * weight.float()).to(x.dtype)
 
 
-def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(h_new, x) = (h + y, RMSNorm(h + y) * weight): a layer's residual add, then the next layer's attn_norm."""
     h_new = h + y
     return h_new, rms_norm_rows(h_new, weight, eps)
