@@ -81,3 +81,35 @@ def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, s
     p = torch.exp(s - m)
     denom = p.sum(-1, keepdim=True) + torch.exp(sink - m)
     return torch.einsum("thn,tnd->thd", p / denom, rf)
+
+
+# ------------------------------------------------------------------ twins of the fused launches
+# The torch compositions that ops/add_rms_norm.py, ops/rms_norm_pair.py and ops/gemv.py each do in one
+# launch: their semantics, and the references of tests/test_fused_kernels_gpu.py.
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim in fp32, one cast to x's dtype: the expression
+    of model/layers.py's `rms_norm`."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_new, x) = (h + y, RMSNorm(h + y) * weight): a layer's residual add, then the next layer's attn_norm."""
+    h_new = h + y
+    return h_new, rms_norm_rows(h_new, weight, eps)
+
+
+def rms_norm_pair(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_norm and kv_norm: RMSNorm(a) * wa, RMSNorm(b) * wb."""
+    return rms_norm_rows(a, wa, eps), rms_norm_rows(b, wb, eps)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+         eps: float = 0.0) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given."""
+    return torch.nn.functional.linear(x if norm_weight is None else rms_norm_rows(x, norm_weight, eps), weight)
