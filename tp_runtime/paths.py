@@ -79,6 +79,7 @@ def _existing_ancestor(p: Path) -> Path:
 
 
 def _can_create_in(directory: Path, key: str, path: str | Path) -> None:
+    """Refuse unless directory (an existing entry) is a directory in which a file can be created now."""
     st = _lstat(_resolved(directory))
     if st is None or not stat.S_ISDIR(st.st_mode):
         kind = "a symlink that does not resolve" if st is None else _KINDS.get(stat.S_IFMT(st.st_mode), "a file")
