@@ -62,7 +62,7 @@ def _validate_inputs(cfg: RunConfig) -> None:
     if cfg.model.checkpoint:
         validate_checkpoint(cfg.model, cfg.model.checkpoint)
     if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
-        check_output_file(cfg.workload.dump, "workload.dump")
+        check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
     _check_local_gpus(cfg)
 
 

@@ -18,6 +18,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
+from tp_runtime.bench.report import PLOT_FILES  # noqa: E402
+from tp_runtime.paths import atomic_output  # noqa: E402
+
+STEP_TIME, SPEEDUP, ROOFLINE_RATIO = PLOT_FILES
+
 
 def _panels(n: int, title: str):
     """n panels, two per row."""
@@ -40,9 +45,13 @@ def _log_x(ax, values: list) -> None:
 
 
 def _save(fig, path: Path) -> str:
+    """Write fig as PNG atomically (a temporary file renamed over path); returns the file name."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path.name
 
 
@@ -79,7 +88,7 @@ def _log_lines(points: list[dict], panel: str, x: str, y: str, label_keys: tuple
 def step_time_vs_batch(points: list[dict], out_dir: Path) -> str:
     return _log_lines(points, "context", "batch", "step_ms_median", ("mode", "tp"),
                       "decode step time per rank vs batch", "context {}", "batch (sequences)",
-                      "step ms (median)", out_dir / "step_time_vs_batch.png")
+                      "step ms (median)", out_dir / STEP_TIME)
 
 
 def _model_speedup(points: list[dict], mode: str, batch: int, context: int, variant: str) -> dict[int, float]:
@@ -117,17 +126,16 @@ def speedup_vs_tp(points: list[dict], comparisons: list[dict], out_dir: Path) ->
         ax.set(xlabel="tp", ylabel="speedup (tp=1 time / tp=N time)", title=mode, xticks=tps)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, out_dir / "speedup_vs_tp.png")
+    return _save(fig, out_dir / SPEEDUP)
 
 
 def roofline_ratio_vs_context(points: list[dict], out_dir: Path) -> str:
     return _log_lines(points, "mode", "context", "roofline_ratio", ("tp", "batch"),
                       "measured step time / roofline model", "{}", "context (tokens)", "measured / model",
-                      out_dir / "roofline_ratio_vs_context.png")
+                      out_dir / ROOFLINE_RATIO)
 
 
 def write_plots(points: list[dict], comparisons: list[dict], out_dir: Path) -> list[str]:
     """All three plots; returns their file names."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     return [step_time_vs_batch(points, out_dir), speedup_vs_tp(points, comparisons, out_dir),
             roofline_ratio_vs_context(points, out_dir)]

@@ -3,6 +3,8 @@
     <output>/<name>/points.jsonl       one record per (variant, tp, mode, batch, context, cache fill)
     <output>/<name>/comparisons.jsonl  speedups of interleaved variants; prefill-vs-seeded agreement
     <output>/<name>/summary.json       what ran, where, with which versions, and the headline ratios
+
+Each is written atomically (paths.atomic_output) and replaces only a regular file.
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ import json
 import statistics
 from pathlib import Path
 
+from tp_runtime.paths import atomic_output
+
+PLOT_FILES = ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png")  # plots.py
+# Every file a sweep may write in <output>/<name>/ (partial.jsonl and profile_view.txt: bench/loop.py).
+OUTPUT_FILES = ("points.jsonl", "comparisons.jsonl", "summary.json", "partial.jsonl", "profile_view.txt",
+                *PLOT_FILES)
 
 def split_records(records: list[dict]) -> tuple[list[dict], list[dict]]:
     points = [r for r in records if r["kind"] == "point"]
@@ -18,8 +26,7 @@ def split_records(records: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    with atomic_output(path) as tmp, tmp.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
 

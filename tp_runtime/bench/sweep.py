@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 from tp_runtime.bench.loop import bench_entry, partial_log
-from tp_runtime.bench.report import print_tables, split_records, summary, write_jsonl
+from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
 from tp_runtime.parallel.launcher import run_on_ranks
-from tp_runtime.paths import check_output_dir
+from tp_runtime.paths import check_output_dir, write_text_atomic
 
 __all__ = ["bench_entry", "launch_plan", "run_bench"]
 
@@ -87,7 +87,7 @@ def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[
             plots = "written"
     summ = summary(sweep.name, config, overrides, points, comparisons, out_dir, files, wall_s)
     summ["plots"] = plots
-    (out_dir / "summary.json").write_text(json.dumps(summ, indent=2) + "\n")
+    write_text_atomic(out_dir / "summary.json", json.dumps(summ, indent=2) + "\n")
     print_tables(points, comparisons)
     print(json.dumps(summ), flush=True)
     return summ
@@ -97,13 +97,13 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
     try:
         sweep = load_sweep(config_path, overrides)
-        check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output")
+        check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     records: list[dict] = []
-    partial_log(sweep.bench.output, sweep.name).unlink(missing_ok=True)
+    write_text_atomic(partial_log(sweep.bench.output, sweep.name), "")  # a fresh, regular log for rank 0 to append to
     try:
         for cfg, bench_dict in launch_plan(sweep):
             records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
         if os.environ["RANK"] == "0":  # rank 0 writes the results
-            check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output")
+            check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -79,7 +79,7 @@ def _torchrun_config(args: list[str]) -> RunConfig:
         raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
                           f"parallel.tp={cfg.parallel.tp}; they must be equal")
     if cfg.workload.dump and os.environ.get("RANK") == "0":  # rank 0 writes it, on its machine
-        check_output_file(cfg.workload.dump, "workload.dump")
+        check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
     return cfg
 
 

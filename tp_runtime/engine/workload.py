@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.plan import StepPlan
+from tp_runtime.paths import atomic_output
 from tp_runtime.weights.seeded import token_rows
 
 
@@ -112,5 +112,5 @@ def write_dump(path: str, workload: Workload, outputs: dict[int, torch.Tensor]) 
         tensors[f"input.{j}"] = workload.request_inputs(r, torch.device("cpu"), torch.float32).contiguous()
         tensors[f"output.{j}"] = outputs[r.id].float().cpu().contiguous()
     tensors["request_id"] = torch.tensor([r.id for r in done], dtype=torch.long)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path)
+    with atomic_output(path) as tmp:  # replaces only a regular file, and only once the whole file is written
+        save_file(tensors, str(tmp))

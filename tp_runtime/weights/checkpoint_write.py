@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from tp_runtime.config import RUN_MODEL_KEYS, ModelConfig, RunConfig
-from tp_runtime.paths import check_output_dir
+from tp_runtime.paths import OutputError, atomic_output, check_output_dir, write_text_atomic
 from tp_runtime.weights.fill import draw_full
 from tp_runtime.weights.format import E8M0, INDEX, CheckpointError, scale_name
 from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, quantize_fp8
@@ -68,38 +71,88 @@ def write_checkpoint(cfg: RunConfig, directory: str | Path, n_files: int = 4) ->
     """Write the seeded weights of cfg's selected layers (all by default) in the released DSV4 layout.
 
     Layers are split into n_files contiguous groups, one file each (weights next to their scales);
-    the seeded draw is the one `fill.init_seeded` uses, on the CPU. Into a reused directory, the shard
-    files of an earlier write that this one does not replace are removed (the other files stay).
-    Returns a summary.
+    the seeded draw is the one `fill.init_seeded` uses, on the CPU. Every file is written atomically
+    and marked as this writer's (WRITER in its header or metadata). Into a reused directory, only
+    files this writer made are replaced, and its shard files that this write does not replace are
+    removed; any other file at a name this write needs is refused before anything is written, and
+    every other file stays. Returns a summary.
     """
     m, out = cfg.model, Path(directory)
     groups = _split_layers(m.layer_ids(), n_files)
-    check_output_dir(out, "write-checkpoint OUT_DIR")
-    out.mkdir(parents=True, exist_ok=True)
+    names = [f"model-{k + 1:05d}-of-{n_files:05d}.safetensors" for k in range(n_files)]
+    check_output_dir(out, KEY, files=(*names, INDEX, "config.json"))
+    _refuse_foreign(out, [*names, INDEX, "config.json"])
     weight_map: dict[str, str] = {}
     total = 0
-    for k, layers in enumerate(groups):
-        fname = f"model-{k + 1:05d}-of-{n_files:05d}.safetensors"
+    for fname, layers in zip(names, groups):
         tensors: dict[str, torch.Tensor] = {}
         for spec in (s for i in layers for s in layer_specs(m, i)):
             tensors.update(encode(spec, draw_full(spec, cfg.runtime.seed, torch.device("cpu"))))
-        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        with atomic_output(out / fname) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt", "written_by": WRITER})
         weight_map.update(dict.fromkeys(tensors, fname))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    removed = _remove_stale_shards(out, set(weight_map.values()))
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-    (out / "config.json").write_text(json.dumps(checkpoint_config_json(m), indent=1) + "\n")
+    removed = _remove_stale_shards(out, set(names))
+    index = {"metadata": {"total_size": total, "written_by": WRITER}, "weight_map": dict(sorted(weight_map.items()))}
+    write_text_atomic(out / INDEX, json.dumps(index, indent=1) + "\n")
+    write_text_atomic(out / "config.json", json.dumps(checkpoint_config_json(m), indent=1) + "\n")
     return {"directory": str(out), "files": n_files, "layers": len(m.layer_ids()), "tensors": len(weight_map),
             "bytes": total, "removed": removed}
 
 
+KEY = "write-checkpoint OUT_DIR"
+WRITER = "tp_runtime write-checkpoint"  # each shard's header and the index's metadata: "written_by"
 SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # the names this writer gives its files
 
 
+def _regular(p: Path) -> bool:
+    """p is a regular file itself (a symlink is not followed: this writer never makes one)."""
+    try:
+        return stat.S_ISREG(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _our_shard(p: Path) -> bool:
+    """p is a shard this writer made: a regular file whose safetensors header names WRITER."""
+    if not _regular(p):
+        return False
+    try:
+        with safe_open(str(p), "pt") as f:
+            return (f.metadata() or {}).get("written_by") == WRITER
+    except (SafetensorError, OSError):
+        return False
+
+
+def _our_index(p: Path) -> bool:
+    """p is an index this writer made: a regular file whose JSON metadata names WRITER."""
+    if not _regular(p):
+        return False
+    try:
+        meta = json.loads(p.read_text()).get("metadata")
+        return isinstance(meta, dict) and meta.get("written_by") == WRITER
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _refuse_foreign(out: Path, names: list[str]) -> None:
+    """Refuse, before anything is written, a file at one of `names` in out that this writer did not
+    make (config.json counts as its own when the index beside it is)."""
+    own_index = _our_index(out / INDEX)
+    for name in names:
+        p = out / name
+        if not os.path.lexists(p):
+            continue
+        own = own_index if name in (INDEX, "config.json") else _our_shard(p)
+        if not own:
+            raise OutputError(f"{KEY}={out}: {p} exists and was not written by write-checkpoint; it is never "
+                              f"replaced (use a new or empty directory, or remove it)")
+
+
 def _remove_stale_shards(out: Path, written: set[str]) -> list[str]:
-    """Delete shard files an earlier write left in `out` that this one did not write; their names."""
-    stale = sorted(f.name for f in out.iterdir() if SHARD_FILE.fullmatch(f.name) and f.name not in written)
+    """Delete the shard files an earlier write of this writer left in `out` that this one did not write."""
+    stale = sorted(f.name for f in out.iterdir()
+                   if SHARD_FILE.fullmatch(f.name) and f.name not in written and _our_shard(f))
     for name in stale:
         (out / name).unlink()
     return stale

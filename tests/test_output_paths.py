@@ -1,0 +1,251 @@
+"""Outputs replace only a regular file the user named, atomically: workload.dump, bench.output and
+write-checkpoint's directory refuse devices, FIFOs, sockets, symlinks to them and the run's own input
+file before anything starts, and a failed write leaves the previous file as it was.
+
+Every special file is made here, in the test's temporary directory (a character device by mknod, as
+root; skipped where mknod is not permitted). Each refusal checks the exit status 2, one `error:` line
+naming the key and the path, no traceback, and the special file's lstat (mode, inode, device) after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tp_runtime.bench.report import write_jsonl
+from tp_runtime.config import load_config
+from tp_runtime.engine.workload import build_workload, write_dump
+from tp_runtime.paths import (OutputError, OutputReplaceError, atomic_output, check_output_dir,
+                              check_output_file, write_text_atomic)
+from tp_runtime.weights.checkpoint_write import write_checkpoint
+from tp_runtime.weights.format import INDEX
+from conftest import TINY, TINY_PATH, run_cli
+
+KINDS = ["fifo", "chardev", "socket", "symlink_to_fifo"]
+
+
+def make_special(kind: str, d: Path, name: str | None = None) -> Path:
+    """A special file of this kind in d (the symlink points at a FIFO beside it)."""
+    p = d / (name or kind[:4])  # short: a unix socket's path is limited to 107 bytes
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "chardev":  # the same numbers as /dev/full, made here
+        try:
+            os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+        except PermissionError as e:  # EPERM: not root, or a container without CAP_MKNOD
+            pytest.skip(f"mknod of a character device is not permitted here ({e.strerror})")
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(p))  # the socket file outlives the closed socket
+    else:
+        os.mkfifo(d / "target_fifo")
+        p.symlink_to(d / "target_fifo")
+    return p
+
+
+def snapshot(p: Path) -> list[tuple[int, int, int]]:
+    """(st_mode, st_ino, st_rdev) of p itself and, for a symlink, of what it points at."""
+    paths = [p] + ([Path(os.path.realpath(p))] if p.is_symlink() else [])
+    return [(s.st_mode, s.st_ino, s.st_rdev) for s in map(os.lstat, paths)]
+
+
+def assert_refused(proc, key: str, path: Path) -> str:
+    """Exit 2, nothing on stdout, stderr exactly one `error:` line naming key and path, no traceback."""
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert key in lines[0] and str(path) in lines[0], lines[0]
+    return lines[0]
+
+
+def small_inputs(path: Path) -> Path:
+    """A valid workload.inputs file for configs/tiny.yaml (hidden 64): one request, 4 + 2 rows."""
+    save_file({"input.0": torch.randn(6, 64), "prompt_len": torch.tensor([4])}, path)
+    return path
+
+
+# ---------------------------------------------------------------- through the CLI
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev"])
+def test_run_refuses_a_special_dump_target(tmp_path, kind):
+    target = make_special(kind, tmp_path)
+    before = snapshot(target)
+    proc = run_cli(["run", TINY, "parallel.launcher=local", f"workload.dump={target}"], timeout_s=60)
+    line = assert_refused(proc, "workload.dump", target)
+    assert "an output replaces only a regular file" in line
+    assert snapshot(target) == before and sorted(os.listdir(tmp_path)) == [target.name]
+
+
+def test_run_refuses_a_dump_that_is_the_inputs_file_by_a_hard_link(tmp_path):
+    inputs = small_inputs(tmp_path / "in.safetensors")
+    dump = tmp_path / "dump.safetensors"
+    os.link(inputs, dump)
+    before, data = snapshot(inputs), inputs.read_bytes()
+    proc = run_cli(["run", TINY, "parallel.launcher=local", "parallel.tp=1", f"workload.inputs={inputs}",
+                    f"workload.dump={dump}"], timeout_s=60)
+    line = assert_refused(proc, "workload.dump", dump)
+    assert f"workload.inputs={inputs}" in line
+    assert snapshot(inputs) == before and inputs.read_bytes() == data
+
+
+def test_bench_refuses_a_special_file_among_its_outputs(tmp_path):
+    out = tmp_path / "bench"
+    (out / "tiny").mkdir(parents=True)  # configs/bench_tiny.yaml's sweep is named tiny
+    target = make_special("chardev", out / "tiny", "points.jsonl")
+    before = snapshot(target)
+    proc = run_cli(["bench", "configs/bench_tiny.yaml", f"bench.output={out}"], timeout_s=60)
+    assert_refused(proc, "bench.output", target)
+    assert snapshot(target) == before and os.listdir(out / "tiny") == ["points.jsonl"]
+
+
+def test_write_checkpoint_refuses_a_device_as_its_directory(tmp_path):
+    target = make_special("chardev", tmp_path)
+    before = snapshot(target)
+    proc = run_cli(["write-checkpoint", TINY, str(target)], timeout_s=60)
+    assert_refused(proc, "write-checkpoint OUT_DIR", target)
+    assert snapshot(target) == before
+
+
+# ---------------------------------------------------------------- the checks and the writer, directly
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_output_file_refuses_every_special_kind(tmp_path, kind):
+    target = make_special(kind, tmp_path)
+    before = snapshot(target)
+    with pytest.raises(OutputError, match="an output replaces only a regular file") as e:
+        check_output_file(target, "workload.dump")
+    assert str(e.value).startswith(f"workload.dump={target} is ")
+    assert snapshot(target) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_output_dir_refuses_every_special_kind_as_the_directory_and_inside_it(tmp_path, kind):
+    target = make_special(kind, tmp_path)
+    before = snapshot(target)
+    with pytest.raises(OutputError, match="it must name a directory") as e:
+        check_output_dir(target, "bench.output")
+    assert str(target) in str(e.value)
+    with pytest.raises(OutputError, match="an output replaces only a regular file") as e:
+        check_output_dir(tmp_path, "bench.output", files=("notes.txt", target.name))
+    assert str(e.value).startswith(f"bench.output={tmp_path}: {tmp_path / target.name} is ")
+    assert snapshot(target) == before
+    check_output_dir(tmp_path, "bench.output", files=("notes.txt",))  # a missing file is fine
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_writer_rechecks_at_write_time(tmp_path, kind):
+    """A target that was fine when checked and is special when written: nothing replaced, no temp left."""
+    target = make_special(kind, tmp_path)
+    before, entries = snapshot(target), sorted(os.listdir(tmp_path))
+    with pytest.raises(OutputReplaceError, match="an output replaces only a regular file"):
+        write_text_atomic(target, "x")
+    with pytest.raises(OutputReplaceError):  # became special between the first check and the rename
+        regular = tmp_path / "regular.txt"
+        with atomic_output(regular) as tmp:
+            tmp.write_text("new")
+            os.mkfifo(regular)
+    assert snapshot(target) == before and stat.S_ISFIFO(os.lstat(regular).st_mode)
+    assert sorted(os.listdir(tmp_path)) == sorted(entries + ["regular.txt"])
+
+
+def test_write_dump_never_replaces_a_special_file(tmp_path):
+    target = make_special("fifo", tmp_path)
+    before = snapshot(target)
+    workload = build_workload(load_config(TINY_PATH, ["workload.requests=1", "workload.prompt_lens=[3]",
+                                                      "workload.decode_lens=[1]"]))
+    with pytest.raises(OSError, match="is a FIFO"):  # the driver reports an OSError as a failed dump
+        write_dump(str(target), workload, {0: torch.zeros(4, 64)})
+    assert snapshot(target) == before and os.listdir(tmp_path) == [target.name]
+
+
+@pytest.mark.parametrize("how", ["same path", "another spelling", "hard link", "symlink"])
+def test_dump_equal_to_inputs_is_refused(tmp_path, how):
+    inputs = small_inputs(tmp_path / "in.safetensors")
+    (tmp_path / "sub").mkdir()
+    dump = {"same path": inputs, "another spelling": tmp_path / "sub" / ".." / "in.safetensors",
+            "hard link": tmp_path / "link.safetensors", "symlink": tmp_path / "sym.safetensors"}[how]
+    if how == "hard link":
+        os.link(inputs, dump)
+    elif how == "symlink":
+        dump.symlink_to(inputs)
+    before, data = snapshot(inputs), inputs.read_bytes()
+    with pytest.raises(OutputError, match=f"is the same file as workload.inputs={inputs}") as e:
+        check_output_file(dump, "workload.dump", keep={"workload.inputs": str(inputs)})
+    assert str(e.value).startswith(f"workload.dump={dump} ")
+    check_output_file(tmp_path / "other.safetensors", "workload.dump", keep={"workload.inputs": str(inputs)})
+    assert snapshot(inputs) == before and inputs.read_bytes() == data
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temp_file(tmp_path):
+    path = tmp_path / "points.jsonl"
+    write_jsonl(path, [{"a": 1}])
+    ino, text = os.lstat(path).st_ino, path.read_text()
+    with pytest.raises(TypeError):  # the second row cannot be encoded: the write fails half-way
+        write_jsonl(path, [{"a": 2}, {"b": object()}])
+    assert path.read_text() == text == '{"a": 1}\n' and os.lstat(path).st_ino == ino
+    assert os.listdir(tmp_path) == ["points.jsonl"]
+
+
+def test_a_write_replaces_a_regular_file_keeping_its_mode_and_writes_through_a_symlink(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    write_text_atomic(path, "new")
+    assert path.read_text() == "new" and stat.S_IMODE(os.lstat(path).st_mode) == 0o640
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    write_text_atomic(link, "via link")
+    assert link.is_symlink() and path.read_text() == "via link"
+    write_text_atomic(tmp_path / "new" / "dir" / "x.json", "{}")  # missing directories are created
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "new", "summary.json"]
+
+
+# ---------------------------------------------------------------- write-checkpoint's directory
+
+
+def test_write_checkpoint_never_replaces_or_removes_files_it_did_not_write(tmp_path):
+    cfg = load_config(TINY_PATH, ["model.layers=0-1"])
+    mine = tmp_path / "model-00002-of-00003.safetensors"  # a shard name, not this writer's file
+    save_file({"w": torch.ones(2)}, mine)
+    write_checkpoint(cfg, tmp_path, 1)
+    assert load_file(mine)["w"].tolist() == [1.0, 1.0]  # not removed as a stale shard
+    foreign = tmp_path / "model-00001-of-00002.safetensors"
+    save_file({"w": torch.zeros(2)}, foreign)
+    before = snapshot(foreign)
+    with pytest.raises(OutputError, match="was not written by write-checkpoint") as e:
+        write_checkpoint(cfg, tmp_path, 2)
+    assert str(e.value).startswith(f"write-checkpoint OUT_DIR={tmp_path}: {foreign} exists")
+    assert snapshot(foreign) == before and load_file(foreign)["w"].tolist() == [0.0, 0.0]
+    index = json.loads((tmp_path / INDEX).read_text())  # the earlier write is still whole
+    assert set(index["weight_map"].values()) == {"model-00001-of-00001.safetensors"}
+
+
+def test_write_checkpoint_refuses_a_fifo_inside_its_directory(tmp_path):
+    os.mkfifo(tmp_path / "config.json")
+    before = snapshot(tmp_path / "config.json")
+    with pytest.raises(OutputError, match="is a FIFO; an output replaces only a regular file") as e:
+        write_checkpoint(load_config(TINY_PATH, ["model.layers=0"]), tmp_path, 1)
+    assert str(e.value).startswith(f"write-checkpoint OUT_DIR={tmp_path}: {tmp_path / 'config.json'} is ")
+    assert snapshot(tmp_path / "config.json") == before and os.listdir(tmp_path) == ["config.json"]
+
+
+def test_write_checkpoint_refuses_a_directory_holding_another_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 7168}\n')  # e.g. a released checkpoint's
+    (tmp_path / INDEX).write_text('{"metadata": {}, "weight_map": {}}\n')
+    with pytest.raises(OutputError, match=f"{tmp_path / INDEX} exists and was not written by write-checkpoint"):
+        write_checkpoint(load_config(TINY_PATH, ["model.layers=0"]), tmp_path, 1)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", INDEX]
+    assert (tmp_path / "config.json").read_text() == '{"hidden_size": 7168}\n'
