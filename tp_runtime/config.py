@@ -274,8 +274,10 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key, source)
         choices = fields[name].metadata.get("choices")
+        if isinstance(value, bool) and choices and {"on", "off"} <= set(choices):
+            value = "on" if value else "off"  # YAML reads a bare on / off as a boolean
+        kwargs[name] = _coerce(value, hints[name], key, source)
         if choices and kwargs[name] not in choices:
             raise ConfigError(f"{source}: '{key}' must be one of {choices}, got {kwargs[name]!r}")
     return cls(**kwargs)
