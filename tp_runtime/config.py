@@ -134,6 +134,11 @@ class RuntimeConfig:
     # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,
     # else torch). The resolved choice is named in every run report and bench record.
     kernels: str = field(default="auto", metadata=_choices("auto", "torch", "triton"))
+    # Programmatic dependent launch of the Triton kernels (ops/kernel_support.py): each may start while the
+    # kernel before it finishes and waits on the GPU before reading its output; outputs are bitwise equal.
+    # on: needs CUDA compute capability >= 9.0 and a Triton with launch_pdl (refused elsewhere) | auto (on
+    # where those hold) | off.
+    pdl: str = field(default="auto", metadata=_choices("auto", "on", "off"))
 
 
 @dataclass
@@ -269,8 +274,10 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key, source)
         choices = fields[name].metadata.get("choices")
+        if isinstance(value, bool) and choices and {"on", "off"} <= set(choices):
+            value = "on" if value else "off"  # YAML reads a bare on / off as a boolean
+        kwargs[name] = _coerce(value, hints[name], key, source)
         if choices and kwargs[name] not in choices:
             raise ConfigError(f"{source}: '{key}' must be one of {choices}, got {kwargs[name]!r}")
     return cls(**kwargs)
@@ -510,6 +517,14 @@ def validate(cfg: RunConfig) -> None:
         missing = triton_unavailable(r.device)
         _require(missing is None, cfg, f"'runtime.kernels'=triton needs {missing}; use runtime.kernels=torch or auto",
                  "runtime.kernels")
+    if r.pdl == "on":
+        from tp_runtime.ops.kernel_support import pdl_unavailable
+
+        torch_kernels = r.kernels == "torch"
+        missing = "runtime.kernels=triton or auto (PDL launches Triton kernels)" if torch_kernels \
+            else pdl_unavailable(r.device)
+        _require(missing is None, cfg, f"'runtime.pdl'=on needs {missing}; use runtime.pdl=auto or off",
+                 "runtime.pdl", *(("runtime.kernels",) if torch_kernels else ()))
     _require(r.max_tokens_per_step >= r.max_seqs, cfg,
              f"'runtime.max_tokens_per_step'={r.max_tokens_per_step} must be at least runtime.max_seqs={r.max_seqs} "
              "so every running sequence can decode each step", "runtime.max_tokens_per_step", "runtime.max_seqs")

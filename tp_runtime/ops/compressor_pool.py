@@ -27,6 +27,13 @@ kv and score may be column views of a wider GEMM output (any row stride, last di
 bf16, fp16 or fp32. Grids are (T,); every other size is a constexpr or a host int fixed for the cache's
 shape (the trash index), and per-token values are read from device memory: capturable in a CUDA graph.
 Configurations are fixed per shape (no autotuning).
+
+PDL (ops/kernel_support.py): both kernels wait before their first load, since everything they read may be
+a predecessor's: the BlockIndex and RingIndex rows (computed by the step index's kernels inside a full
+graph), kv and score (the GEMM's output), the rings and caches. The pool kernel triggers after its last
+load (the block number, after the pooled rows, the weight and the angles), before its store; the state
+kernel after its row's loads, before the ring writes. The state kernel overwrites ring rows the pool
+kernel reads: its wait, before any access, keeps that order under PDL too.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tp_runtime.ops.cache_fp8 import store_key, store_row
-from tp_runtime.ops.kernel_support import jit, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
 if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is imported at run time
@@ -59,8 +66,10 @@ def _pool_kernel(
     trash, eps,
     RATIO: tl.constexpr, R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, NB: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
+    pdl_wait(PDL)
     slot = tl.load(emit_ptr + t)
     if slot != trash:  # the token completes its block
         d = tl.arange(0, BLOCK_D)
@@ -106,6 +115,7 @@ def _pool_kernel(
         y = tl.reshape(rotate_pairs(tl.reshape(y, (1, BLOCK_D)), cis_ptr + t * s_cis, 1, BLOCK_D, D, DR, False),
                        (BLOCK_D,))
         blk = tl.load(block_ptr + t)
+        pdl_trigger(PDL)
         dst = out_ptr + slot * so_slot + blk * so_row
         if STORE == 1:  # FP8 attention row
             store_row(dst, tl.where(dm, y, 0.0), D - DR, DR, BLOCK_D, NB)
@@ -121,22 +131,25 @@ def _state_kernel(
     ape_ptr, phase_ptr,  # [r, C] fp32, [T] long
     write_ptr,  # [T] long: RingIndex.write_row
     ring_kv_ptr, ring_sc_ptr,  # state rings viewed as [slots * R, C], contiguous
-    C: tl.constexpr, BLOCK_C: tl.constexpr,
+    C: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     cm = c < C
+    pdl_wait(PDL)
     row = tl.load(write_ptr + t)
     phase = tl.load(phase_ptr + t)
     kv = tl.load(kv_ptr + t * s_kv + c, mask=cm, other=0.0).to(tl.float32)
     g = tl.load(score_ptr + t * s_sc + c, mask=cm, other=0.0).to(tl.float32) + tl.load(ape_ptr + phase * C + c,
                                                                                        mask=cm, other=0.0)
+    pdl_trigger(PDL)
     tl.store(ring_kv_ptr + row * C + c, kv.to(ring_kv_ptr.dtype.element_ty), mask=cm)
     tl.store(ring_sc_ptr + row * C + c, g.to(ring_sc_ptr.dtype.element_ty), mask=cm)
 
 
 def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
-                  blk: BlockIndex, ring: RingIndex, state: RingState, out: torch.Tensor, store: str = "plain") -> None:
+                  blk: BlockIndex, ring: RingIndex, state: RingState, out: torch.Tensor, store: str = "plain",
+                  pdl: bool = False) -> None:
     """Stage B of a compressor for T tokens: the entries of tokens that complete a block into out, then
     this step's rows into the state rings. Two launches.
 
@@ -144,7 +157,8 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     ape [r, C] fp32; weight [D] the norm's; blk: the BlockIndex of ratio r; ring: the RingIndex of
     R = c*r rows; state: rings [slots + 1, R, C]; out [slots + 1, N, D], its last slot the trash slot;
     store: "plain" (out's dtype), "row" / "key" (FP8 bytes into a uint8 out, as compress_torch stores them).
-    The signature and meaning of `model.compressor.compress_torch`.
+    pdl: both launches with programmatic dependent launch (resolve_pdl; bitwise the same outputs).
+    The signature and meaning of `model.compressor.compress_torch` (and pdl).
     """
     T = kv.shape[0]
     if T == 0:
@@ -170,7 +184,7 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
         blk.phase, blk.block, blk.emit_slot, weight, cis, cis.stride(0), out, out.stride(0), out.stride(1),
         out.shape[0] - 1, eps,
         RATIO=ratio, R=R, C=C, D=D, DR=dr, OVERLAP=C == 2 * D, BLOCK_R=block_r, BLOCK_D=block_d,
-        STORE={"plain": 0, "row": 1, "key": 2}[store], NB=out.shape[-1],
-        num_warps=8 if block_r * block_d >= TILE else 4)
+        STORE={"plain": 0, "row": 1, "key": 2}[store], NB=out.shape[-1], PDL=pdl,
+        num_warps=8 if block_r * block_d >= TILE else 4, launch_pdl=pdl)
     _state_kernel[(T,)](kv, kv.stride(0), score, score.stride(0), ape, blk.phase, ring.write_row, ring_kv, ring_sc,
-                        C=C, BLOCK_C=triton.next_power_of_2(C), num_warps=4)
+                        C=C, BLOCK_C=triton.next_power_of_2(C), PDL=pdl, num_warps=4, launch_pdl=pdl)

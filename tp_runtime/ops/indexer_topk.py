@@ -21,6 +21,12 @@ registers (exact in q's dtype).
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
 it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
 -0.0 and +0.0 count as equal, as in torch's sort.
+
+PDL (ops/kernel_support.py): both kernels wait before their first load (the token's key count, then q,
+w and the keys: the step's metadata, the indexer's projections and the compressor's cache writes). The
+score kernel triggers after its run's last block of keys; the select kernel after its last pass over
+the scores (at once where a token has no more than K keys), so the trigger follows every load of
+another kernel's output. The select kernel's wait is what orders it after the score kernel's stores.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_keys
-from tp_runtime.ops.kernel_support import jit, row_align, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 
 
 @jit
@@ -42,10 +48,11 @@ def _score_kernel(
     score_ptr, s_score,  # scratch [T, n_keys] fp32
     n_keys, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     start = tl.program_id(1) * (BLOCK_N * BLOCKS)  # this program's BLOCKS blocks of keys
+    pdl_wait(PDL)
     n = tl.minimum(tl.load(nv_ptr + t), n_keys)
     if start < n:
         h = tl.arange(0, BLOCK_H)
@@ -65,6 +72,7 @@ def _score_kernel(
             logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
             score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
+        pdl_trigger(PDL)
 
 
 @jit
@@ -82,13 +90,15 @@ def _select_kernel(
     nv_ptr,  # [T] long
     out_ptr, s_out,  # [T, K] long
     n_keys, K,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
+    pdl_wait(PDL)
     n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
     row = score_ptr + t * s_score
     o_row = out_ptr + t * s_out
     if n <= K:  # every valid key, then -1
+        pdl_trigger(PDL)
         for i0 in range(0, K, CHUNK):
             i = i0 + tl.arange(0, CHUNK)
             tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
@@ -124,6 +134,7 @@ def _select_kernel(
             tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, j.to(tl.int64), mask=sel)
             taken += tl.sum(si, axis=0)
             eq_seen += tl.sum(eq, axis=0)
+        pdl_trigger(PDL)
 
 
 class TopkConfig(NamedTuple):
@@ -150,13 +161,14 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                 n_keys: int, k: int, config: TopkConfig | None = None) -> torch.Tensor:
+                 n_keys: int, k: int, config: TopkConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
     q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
     n_valid [T]: token t may pick
     s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first (index order).
-    The signature and meaning of `torch_path.indexer_topk`.
+    pdl: both launches with programmatic dependent launch (resolve_pdl; bitwise the same picks).
+    The signature and meaning of `torch_path.indexer_topk` (and config, pdl).
     """
     T, ih, idim = q.shape
     k = min(k, n_keys)
@@ -174,7 +186,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
         PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
-        num_warps=cfg.num_warps, num_stages=2)
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=2, launch_pdl=pdl)
     _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                         CHUNK=cfg.chunk, num_warps=cfg.select_warps)
+                         CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
     return out

@@ -32,6 +32,12 @@ counter for the next call: one launch a GEMM.
 The Triton kernels also take bf16 weights (scale None), a reference in the benchmark: measured on an H200
 they are slower than cuBLAS there, so bf16 weights go to cuBLAS: `grouped_linear` is one strided batched
 GEMM over views of x and of y, without copies.
+
+PDL (ops/kernel_support.py; `pdl=True`): the GEMV and tile kernels wait before their first load (x is the
+previous kernel's output; the split-K counters are reset by the previous GEMM) and trigger after their
+K loop, the last load of x and of the weight, before the partials are written and summed; the quantize
+kernel waits before x and triggers after it. cuBLAS (`grouped_linear`, `torch._scaled_mm`) takes no part:
+it launches without the attribute and its successor starts after it as usual.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, sm_count, tl, triton
 
 BLOCK = 128  # the checkpoint's quantization block: rows and columns; also the kernel's K step
 
@@ -92,17 +98,18 @@ def fp8_path(m: int, n: int, k: int, groups: int, x: torch.Tensor, round_x: bool
 
 
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-               round_x: bool = False) -> torch.Tensor:
+               round_x: bool = False, pdl: bool = False) -> torch.Tensor:
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
     linear; wo_a of DSV4: group g's output columns read x's columns of group g). round_x: above 32 rows x
-    may be rounded to e4m3 for the block-scaled cuBLASLt GEMM (runtime.fp8_activations=e4m3)."""
+    may be rounded to e4m3 for the block-scaled cuBLASLt GEMM (runtime.fp8_activations=e4m3). pdl: the Triton
+    launches with programmatic dependent launch (resolve_pdl; bitwise the same output)."""
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
     path = fp8_path(m, qw.shape[0], qw.shape[1], groups, x, round_x)
     if path == "torch":
         return fp8_linear_torch(x, qw, scale, groups)
     if path == "scaled_mm":
-        return linear_scaled_mm(x, qw, scale)
-    return linear_triton(x, qw, scale, groups)
+        return linear_scaled_mm(x, qw, scale, pdl=pdl)
+    return linear_triton(x, qw, scale, groups, pdl=pdl)
 
 
 @functools.cache
@@ -165,9 +172,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
-                  config: LinearConfig | None = None) -> torch.Tensor:
+                  config: LinearConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """The Triton kernels for W in FP8 with block scales (scale given) or in x's dtype (scale None);
-    config: one to use instead of `tile_config`'s (benchmarks)."""
+    config: one to use instead of `tile_config`'s (benchmarks); pdl: launched with programmatic dependent
+    launch (resolve_pdl; bitwise the same output)."""
     x2 = _rows(x)
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
@@ -184,15 +192,16 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
         steps = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
         _gemv_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0]), n, k, group_n, w.stride(0),
                            s.stride(0), steps, c.splits, HAS_SCALE=scale is not None, BLOCK_N=bn,
-                           BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+                           BLOCK_K=c.block_k, PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages,
+                           launch_pdl=pdl)
     else:
         grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
         steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
         _tile_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
                            x2.stride(0), w.stride(0), s.stride(0), steps, c.splits, HAS_SCALE=scale is not None,
                            BLOCK_M=c.block_m, BLOCK_N=bn,
-                           PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=c.num_warps,
-                           num_stages=c.num_stages)
+                           PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+                           num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
     return y.view(*x.shape[:-1], n)
 
 
@@ -211,12 +220,13 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-def linear_scaled_mm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def linear_scaled_mm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x [M, K] bf16 @ dequantized qw [N, K]^T via cuBLASLt's block-scaled FP8 GEMM: x rounded to e4m3 per
-    1 x 128 block (power-of-two scales), then `torch._scaled_mm` with fp32 block scales."""
+    1 x 128 block (power-of-two scales), then `torch._scaled_mm` with fp32 block scales. pdl: the quantize
+    launch with programmatic dependent launch (cuBLAS takes no part)."""
     x2 = _rows(x)
     _check_fits(x2, qw, scale, 1, x)
-    xq, xs = quantize_rows(x2)
+    xq, xs = quantize_rows(x2, pdl)
     y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
     return y[:x2.shape[0]].view(*x.shape[:-1], qw.shape[0])
 
@@ -224,15 +234,16 @@ def linear_scaled_mm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor) -> 
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (e4m3 [Mp, K], fp32 scales [Mp, K/128] with strides (1, Mp), the layout _scaled_mm takes),
     Mp = M rounded up to SCALED_MM_ROWS (padding rows zero): per 1 x 128 block the smallest power of two s
-    with max|x| / s <= 448; one launch."""
+    with max|x| / s <= 448; one launch (pdl: with programmatic dependent launch)."""
     m, k = x.shape
     mp = triton.cdiv(m, SCALED_MM_ROWS) * SCALED_MM_ROWS
     q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(triton.cdiv(k, BLOCK), mp, dtype=torch.float32, device=x.device)
-    _quantize_rows_kernel[(mp // 16, triton.cdiv(k, BLOCK))](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, num_warps=4)
+    _quantize_rows_kernel[(mp // 16, triton.cdiv(k, BLOCK))](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, PDL=pdl,
+                                                             num_warps=4, launch_pdl=pdl)
     return q, s.t()
 
 
@@ -258,7 +269,7 @@ def scaled_mm_weight_scales(scale: torch.Tensor) -> torch.Tensor:
 @jit
 def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_wn, stride_sn,
                  STEPS, SPLITS, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, PDL: tl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K steps [split*STEPS,
     # (split+1)*STEPS) of 128 columns. The weight tile is the MMA's wide side. BLOCK_N <= 128 divides 128,
     # so a tile's rows share one scale per K step, applied to that step's fp32 product (exact: a power of
@@ -271,6 +282,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, 128))):
         k_ok = (kb * 128 + rk) < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
@@ -282,6 +294,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
             acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sc  # fp32 x: IEEE products, as torch
         else:
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
+    pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
     _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
                   m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
@@ -289,7 +302,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
 
 @jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, stride_wn, stride_sn, STEPS, SPLITS,
-                 HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
     # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
     # tile, reduced once at the end; x times the block scales, in fp32.
@@ -299,6 +312,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
@@ -309,6 +323,7 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
         w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0).to(tl.float32)
         acc += w * x[None, :]
+    pdl_trigger(PDL)
     _store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
 
 
@@ -330,7 +345,7 @@ def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, PLANE, SPLIT
 
 
 @jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     # Rows [BLOCK_R] x columns of 128-block kb: q = x / s in e4m3 (clamped to +-448 against a log2 rounded
     # low), s = 2^ceil(log2(max|x| / 448)) stored at s[kb, row] (the transposed layout _scaled_mm reads);
     # rows M .. M_PAD - 1 read as zeros.
@@ -338,7 +353,9 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: 
     kb = tl.program_id(1)
     c = kb * 128 + tl.arange(0, 128)
     ok = (r < M_PAD)[:, None] & (c < K)[None, :]
+    pdl_wait(PDL)
     x = tl.load(x_ptr + r[:, None] * stride_xm + c[None, :], mask=ok & (r < M)[:, None], other=0.0).to(tl.float32)
+    pdl_trigger(PDL)
     amax = tl.max(tl.abs(x), axis=1)
     sc = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax, 1e-30) / 448.0)))
     q = tl.minimum(tl.maximum(x / sc[:, None], -448.0), 448.0)

@@ -15,6 +15,10 @@ input's dtype (then, for kv, to the cache's dtype). Pairs outside the last Dr di
 Grid (T, programs per token): blocks of q heads, then the kv row, then blocks of indexer heads; each
 program holds one [heads, D] tile in registers. Sizes are constexprs of the layer and T: capturable in
 a CUDA graph, no host reads, a fixed configuration (no autotuning).
+
+PDL (ops/kernel_support.py): every program waits before its first load (q, kv and the indexer query are
+the projections' outputs, cis the step's angles) and triggers after its tile's last load (the angles, in
+the rotation), before its store.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.ops.cache_fp8 import row_bytes, store_row
-from tp_runtime.ops.kernel_support import jit, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 
 TILE = 2048  # elements of one program's tile: 4 heads of 512 dims, 16 indexer heads of 128
 
@@ -50,9 +54,9 @@ def rotate_pairs(x, cis_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl
 
 @jit
 def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.constexpr,
-           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr):
+           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr, PDL: tl.constexpr):
     """Heads h0 .. h0 + BLOCK_H - 1 (< n_heads) of one token: rows of D at in_ptr + h * s_in, written
-    at out_ptr + h * s_out rounded to the input's dtype, then to the output's."""
+    at out_ptr + h * s_out rounded to the input's dtype, then to the output's (PDL: triggered before)."""
     h = h0 + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     m = (h < n_heads)[:, None] & (d < D)[None, :]
@@ -61,16 +65,19 @@ def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.con
     if NORM:  # per-head RMSNorm without weight, rounded to x's dtype as rms_norm returns it
         xf = (xf * tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]).to(x.dtype).to(tl.float32)
     y = rotate_pairs(xf, cis_row, BLOCK_H, BLOCK_D, D, DR, False)
+    pdl_trigger(PDL)
     tl.store(out_ptr + h[:, None] * s_out + d[None, :], y.to(x.dtype).to(out_ptr.dtype.element_ty), mask=m)
 
 
 @jit
 def _kv_row_fp8(in_ptr, out_ptr, cis_row, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
-                NB: tl.constexpr):
-    """The kv row of one token: roped, rounded to its dtype, quantized into NB bytes of FP8 row at out_ptr."""
+                NB: tl.constexpr, PDL: tl.constexpr):
+    """The kv row of one token: roped, rounded to its dtype, quantized into NB bytes of FP8 row at out_ptr
+    (PDL: triggered before the store)."""
     d = tl.arange(0, BLOCK_D)
     x = tl.load(in_ptr + d[None, :], mask=(d < D)[None, :], other=0.0)  # [1, BLOCK_D]
     y = rotate_pairs(x.to(tl.float32), cis_row, 1, BLOCK_D, D, DR, False).to(x.dtype).to(tl.float32)
+    pdl_trigger(PDL)
     store_row(out_ptr, tl.reshape(y, (BLOCK_D,)), D - DR, DR, BLOCK_D, NB)
 
 
@@ -83,23 +90,24 @@ def _prepare_heads_kernel(
     eps,
     HQ: tl.constexpr, D: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr, DR: tl.constexpr,
     NQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
-    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr, FP8: tl.constexpr, NB: tl.constexpr,
+    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr, FP8: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)  # [0, NQ): q head blocks; NQ: the kv row; past NQ: indexer head blocks
     cis_row = cis_ptr + t * s_cis
+    pdl_wait(PDL)
     if p < NQ:
         q_row = q_ptr + t * sq_t
-        _heads(q_row, sq_h, q_row, sq_h, p * BLOCK_H, HQ, cis_row, eps, True, BLOCK_H, BLOCK_D, D, DR)
+        _heads(q_row, sq_h, q_row, sq_h, p * BLOCK_H, HQ, cis_row, eps, True, BLOCK_H, BLOCK_D, D, DR, PDL)
     elif p == NQ:
         if FP8:
-            _kv_row_fp8(kv_ptr + t * skv_t, kvo_ptr + t * skvo_t, cis_row, BLOCK_D, D, DR, NB)
+            _kv_row_fp8(kv_ptr + t * skv_t, kvo_ptr + t * skvo_t, cis_row, BLOCK_D, D, DR, NB, PDL)
         else:
-            _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR)
+            _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR, PDL)
     elif HAS_IDX:
         iq_row = iq_ptr + t * siq_t
         _heads(iq_row, siq_h, iq_row, siq_h, (p - NQ - 1) * BLOCK_I, IH, cis_row, eps, False, BLOCK_I, BLOCK_ID,
-               ID, DR)
+               ID, DR, PDL)
 
 
 def _block_heads(n_heads: int, block_d: int) -> int:
@@ -108,12 +116,13 @@ def _block_heads(n_heads: int, block_d: int) -> int:
 
 
 def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: torch.Tensor, eps: float,
-                  idx_q: torch.Tensor | None = None) -> None:
+                  idx_q: torch.Tensor | None = None, pdl: bool = False) -> None:
     """One launch: q [T, Hl, D] per-head normed (no weight) and roped in place; kv [T, D] roped into
     kv_out [T, D] (its own dtype, e.g. the window cache's; uint8 [T, row bytes]: FP8 rows); idx_q [T, Ih, Id]
     or None roped in place.
     Every rotation turns the last Dr dims by cis [T, Dr/2] complex64. Last dims contiguous; q and
-    idx_q are the caller's own buffers (the projections' outputs), since they are overwritten."""
+    idx_q are the caller's own buffers (the projections' outputs), since they are overwritten.
+    pdl: launch with programmatic dependent launch (resolve_pdl; bitwise the same outputs)."""
     T, HQ, D = q.shape
     if T == 0:
         return
@@ -135,4 +144,4 @@ def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: 
         q, q.stride(0), q.stride(1), kv, kv.stride(0), kv_out, kv_out.stride(0), iq, iq.stride(0), iq.stride(1),
         cis_r, cis_r.stride(0), eps,
         HQ=HQ, D=D, IH=IH, ID=ID, DR=dr, NQ=nq, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_I=block_i,
-        BLOCK_ID=block_id, HAS_IDX=has_idx, FP8=fp8, NB=kv_out.shape[1], num_warps=4)
+        BLOCK_ID=block_id, HAS_IDX=has_idx, FP8=fp8, NB=kv_out.shape[1], PDL=pdl, num_warps=4, launch_pdl=pdl)

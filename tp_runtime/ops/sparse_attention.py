@@ -29,6 +29,12 @@ vectors rather than byte by byte.
 
 Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
 C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning).
+
+PDL (ops/kernel_support.py): the attention kernel waits before its first load (q, this step's kv rows,
+the RingIndex rows, the picks and counts, the caches: all written earlier in the step) and triggers after
+its last (the last block of candidates; without a split the angles of the inverse rotary), before its
+stores; the combine kernel waits before the partials, the attention kernel's output, and triggers after
+the angles, before its store.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_rows
-from tp_runtime.ops.kernel_support import jit, row_align, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
 if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
@@ -63,7 +69,7 @@ def _sparse_attn_kernel(
     W: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     HAS_COMP: tl.constexpr, HAS_PICKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -72,6 +78,7 @@ def _sparse_attn_kernel(
     hmask = heads < H
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
+    pdl_wait(PDL)
     q = tl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + d[None, :], mask=hmask[:, None] & dmask[None, :],
                 other=0.0)  # [BLOCK_H, BLOCK_D]
 
@@ -130,9 +137,11 @@ def _sparse_attn_kernel(
 
     if not SPLIT:
         o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
+        pdl_trigger(PDL)
         tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=hmask[:, None] & dmask[None, :])
     else:
+        pdl_trigger(PDL)
         row = (t * n_splits + sp) * H + heads  # [BLOCK_H]
         tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hmask[:, None])
         tl.store(part_ml_ptr + row * 2, m, mask=hmask)
@@ -143,12 +152,13 @@ def _sparse_attn_kernel(
 def _combine_kernel(
     part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32
     sink_ptr, cis_ptr, s_cis, out_ptr, s_out, H, n_splits,
-    D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     d = tl.arange(0, BLOCK_D)
+    pdl_wait(PDL)
     sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
     m = sink
     for sp in range(n_splits):
@@ -161,6 +171,7 @@ def _combine_kernel(
         den += w * tl.load(part_ml_ptr + row * 2 + 1, mask=hmask, other=0.0)
         acc += w[:, None] * tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], mask=hmask[:, None], other=0.0)
     o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
+    pdl_trigger(PDL)
     tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=hmask[:, None] & (d < D)[None, :])
 
@@ -209,7 +220,8 @@ COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum t
 def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
                           compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
                           n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
-                          cis: torch.Tensor, out: torch.Tensor, config: AttnConfig | None = None) -> None:
+                          cis: torch.Tensor, out: torch.Tensor, config: AttnConfig | None = None,
+                          pdl: bool = False) -> None:
     """Attention of T tokens over their window and compressed rows, inverse rotary, into out [T, Hl*D].
 
     q [T, Hl, D] (normed, roped); kv [T, D] this step's rows (the ring must not yet hold them);
@@ -217,7 +229,8 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only layer); slot [T];
     picks [T, C] (ratio 4, -1 = none, valid first) or None (ratio 128: every entry < n_done[t], at most
     n_comp); n_done [T] completed entries; n_comp: C, the host bound on compressed candidates; sink [Hl]
-    fp32; cis [T, Dr/2] complex64 at pos.
+    fp32; cis [T, Dr/2] complex64 at pos; pdl: both launches with programmatic dependent launch (resolve_pdl;
+    bitwise the same output).
     """
     T, H, D = q.shape
     if T == 0:
@@ -253,9 +266,9 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         W=W, D=D, DR=dr, HAS_COMP=has_comp, HAS_PICKS=picks is not None,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
-        ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)), PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     if splits > 1:
         _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](
             part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
-            D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, num_warps=4)
+            D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, PDL=pdl, num_warps=4, launch_pdl=pdl)
