@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.rms_norm_pair import norm_warps, normalize_row
 
 
@@ -29,13 +29,11 @@ def _add_rms_norm_kernel(h_ptr, sh_t, y_ptr, sy_t, w_ptr, ho_ptr, sho_t, x_ptr, 
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     cm = c < C
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(PDL)
     h = tl.load(h_ptr + t * sh_t + c, mask=cm, other=0.0)  # [BLOCK_C]
     y = tl.load(y_ptr + t * sy_t + c, mask=cm, other=0.0)
     w = tl.load(w_ptr + c, mask=cm, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_trigger(PDL)
     s = (h.to(tl.float32) + y.to(tl.float32)).to(ho_ptr.dtype.element_ty)  # torch's h + y: one rounding
     tl.store(ho_ptr + t * sho_t + c, s, mask=cm)
     x = normalize_row(s.to(tl.float32), w, C, eps)

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, sm_count, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, sm_count, tl, triton
 from tp_runtime.ops.linear import _rows, _store_or_sum, k_splits, tile_counters
 
 # Where the Triton GEMV replaces cuBLAS: (N, K) -> the largest M up to which it was faster inside a CUDA
@@ -123,8 +123,7 @@ def _fma_kernel(x_ptr, w_ptr, g_ptr, y_ptr, part_ptr, ss_ptr, cnt_ptr, M, N, K, 
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     ss = tl.zeros((1, BLOCK_K), dtype=tl.float32)
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
@@ -135,8 +134,7 @@ def _fma_kernel(x_ptr, w_ptr, g_ptr, y_ptr, part_ptr, ss_ptr, cnt_ptr, M, N, K, 
         w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0).to(tl.float32)
         acc += w * x
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_trigger(PDL)
     tile = pid_m * tl.num_programs(0) + pid_n
     _finish(tl.sum(acc, axis=1)[None, :], tl.sum(ss, axis=1), y_ptr, part_ptr, ss_ptr + tile * SPLITS, cnt_ptr + tile,
             pid_m + tl.arange(0, 1), rn, M, N, K, eps, split, SPLITS, NORM, 1)
@@ -156,8 +154,7 @@ def _dot_kernel(x_ptr, w_ptr, g_ptr, y_ptr, part_ptr, ss_ptr, cnt_ptr, M, N, K, 
     m_ok, n_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     ss = tl.zeros((BLOCK_K, BLOCK_M), dtype=tl.float32)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
@@ -169,8 +166,7 @@ def _dot_kernel(x_ptr, w_ptr, g_ptr, y_ptr, part_ptr, ss_ptr, cnt_ptr, M, N, K, 
             ss += xf * xf
             xt = (xf * tl.load(g_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[:, None]).to(w.dtype)
         acc = tl.dot(w, xt, acc, input_precision=PRECISION)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_trigger(PDL)
     tile = pid_m * tl.num_programs(0) + pid_n
     _finish(tl.trans(acc), tl.sum(ss, axis=0), y_ptr, part_ptr, ss_ptr + tile * SPLITS * BLOCK_M, cnt_ptr + tile,
             rm, rn, M, N, K, eps, split, SPLITS, NORM, BLOCK_M)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 
 
 @jit
@@ -36,8 +36,7 @@ def _norm_one_row(x_ptr, w_ptr, y_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constex
     cm = c < C
     x = tl.load(x_ptr + c, mask=cm, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + c, mask=cm, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_trigger(PDL)
     y = normalize_row(x, w, C, eps)
     tl.store(y_ptr + c, y.to(y_ptr.dtype.element_ty), mask=cm)
 
@@ -47,8 +46,7 @@ def _rms_norm_pair_kernel(a_ptr, sa_t, wa_ptr, ya_ptr, sya_t, b_ptr, sb_t, wb_pt
                           CA: tl.constexpr, CB: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
                           PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    if PDL:
-        tl.extra.cuda.gdc_wait()  # a and b are the previous kernel's output (the x-projection GEMM)
+    pdl_wait(PDL)  # a and b are the previous kernel's output (the x-projection GEMM)
     if tl.program_id(1) == 0:
         _norm_one_row(a_ptr + t * sa_t, wa_ptr, ya_ptr + t * sya_t, eps, CA, BLOCK_A, PDL)
     else:
