@@ -10,7 +10,9 @@ One launch per tp value runs `loop.bench_entry` on every rank (in this process f
 elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
 <bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
 follow, and the last stdout line is the JSON summary. Rank 0 also appends each point's records to
-partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured.
+partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured. With grid.shard_of_tp
+the one tp = 1 launch runs a group per shard (bench/projection.py): projected points, never mixed with
+measured ones (their projected_speedup is filled once every shard has run).
 """
 
 from __future__ import annotations
