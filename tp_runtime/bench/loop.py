@@ -41,6 +41,7 @@ from tqdm import tqdm
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.measure import BreakTimer, allreduce_ms, bandwidth, flat, ratio_stats, summarize_ms
 from tp_runtime.bench.profile import profile_steps, profile_view, view_table
+from tp_runtime.bench.projection import LEFT_OUT, add_speedups, rank_fields, shard_group
 from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import MODES, BenchSettings, split_mode
 from tp_runtime.config import config_from_dict
@@ -108,6 +109,8 @@ class BenchEnv:
     def allreduce(self, tp: TPGroup, batch: int, hidden: int, dtype: torch.dtype) -> dict:
         """All-reduce latency of the step's message [batch, hidden] through a lane's group (its strategy);
         measured once per strategy setting and shape (collective: every rank asks in the same order)."""
+        if tp.size > 1 and not tp.has_peers:  # a projected shard: its all-reduce is left out, not measured
+            return {"allreduce_ms_eager": None, "allreduce_ms_graph": None, "allreduce_ms_path": LEFT_OUT}
         key = (tp.allreduce.requested if tp.allreduce is not None else None, batch, hidden, dtype)
         if key not in self.allreduce_cache:
             self.allreduce_cache[key] = allreduce_ms(tp, (batch, hidden), dtype, self.s.allreduce_iters)
@@ -133,7 +136,7 @@ def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
             records: list[dict] = []
             for group in bench_dict["groups"]:
                 records += _run_group(env, group)
-            return records if tp.rank == 0 else None
+            return add_speedups(records) if tp.rank == 0 else None
     finally:
         if env is not None and env.bar is not None:
             env.bar.close()
@@ -173,7 +176,7 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
             cfg = config_from_dict(d, f"{env.name} {mode}")
             shard, seqs = shards.get(_shard_key(cfg), (None, Seqs()))
             worker_cls = FaultyWorker if cfg.parallel.fail_rank == tp.rank else Worker
-            worker = worker_cls(cfg, tp, shard=shard)
+            worker = worker_cls(cfg, _lane_group(env, group, cfg.parallel.allreduce), shard=shard)
             if env.watch is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
                 env.watch.arm()
             shards[_shard_key(cfg)] = (worker.shard, seqs)
@@ -191,6 +194,22 @@ def _build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
     if tp.size > 1:
         dist.barrier(group=tp.cpu_group)  # nobody starts stepping while rank 0 still builds baselines
     return lanes
+
+
+def _lane_group(env: BenchEnv, group: dict, allreduce: str) -> TPGroup:
+    """The group a main lane's Worker is built on: the launch's, or (grid.shard_of_tp) rank shard_rank of a
+    tp shard_of_tp group alone in this process, its all-reduce a no-op (bench/projection.py)."""
+    if "shard_of_tp" not in group:
+        return env.tp
+    return shard_group(group["shard_rank"], group["shard_of_tp"], env.tp.device, allreduce)
+
+
+def _point(group: dict, batch: int, context: int) -> dict:
+    """The fields naming a point in its records; a projected group's say so (projected, shard_of_tp, rank)."""
+    point = {"batch": batch, "context": context, "variant": group["label"]}
+    if "shard_of_tp" in group:
+        point.update(projected=True, shard_of_tp=group["shard_of_tp"], shard_rank=group["shard_rank"])
+    return point
 
 
 def _shard_key(cfg) -> tuple:
@@ -235,7 +254,7 @@ def _run_point(env: BenchEnv, group: dict, lanes: list[Lane], batch: int, contex
     m = _measure(env, lanes, batch, context)
     if env.tp.rank != 0:
         return []
-    point = {"batch": batch, "context": context, "variant": group["label"]}
+    point = _point(group, batch, context)
     return _records(env, m, point) + _comparisons(env, lanes, m.steps, point,
                                                   _PAIRS + _tp_pairs(lanes) + _allreduce_pairs(lanes))
 
@@ -249,7 +268,7 @@ def _prefill_check(env: BenchEnv, group: dict, main: list[Lane]) -> list[dict]:
     m = _measure(env, main + checked, batch, context, recorded=checked)
     if env.tp.rank != 0:
         return []
-    point = {"batch": batch, "context": context, "variant": group["label"]}
+    point = _point(group, batch, context)
     pairs = [("prefill_vs_seeded", c.name, lane.name) for c, lane in zip(checked, main)]
     return _records(env, m, point) + _comparisons(env, main + checked, m.steps, point, pairs)
 
@@ -403,11 +422,10 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     w, s, m = lane.worker, env.s, env.machine
     cfg = w.cfg
     st = summarize_ms(flat(steps))
-    batch, ctx, tp = point["batch"], point["context"], env.tp.size
-    nbytes = step_bytes(cfg.model, tp, batch, ctx, w.dtype.itemsize, fp8=w.stack.fp8, fp8_cache=w.stack.fp8_cache)
-    ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
+    # tp: the processes of this launch; shard_tp: the tp whose rank shard the lane holds (they differ only
+    # for projected points, which run rank shard_rank's shard of tp shard_of_tp alone here).
+    batch, ctx, tp, shard_tp = point["batch"], point["context"], env.tp.size, w.tp.size
     n_layers = len(w.stack.ratios)
-    model_ms = model_seconds(nbytes.total, m["roofline_GBps"] * 1e9, n_layers, ar_ms / 1e3, tp) * 1e3
     n_timed = s.repeats * s.timed_steps
     rec = {"kind": "point", "name": env.name, **point, "cache_fill": lane.seqs.fill,
            "first_slot": lane.seqs.first_slot, "tp": tp, "launcher": env.launcher, "mode": lane.mode,
@@ -417,7 +435,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
            "weight_format": cfg.runtime.weight_format, "fp8_activations": cfg.runtime.fp8_activations,
            "cache_format": cfg.runtime.cache_format,
-           "kernels": w.stack.kernels, **_memory_fields(cfg, w, tp, ctx, m.get("device_memory_bytes")),
+           "kernels": w.stack.kernels, **_memory_fields(cfg, w, shard_tp, ctx, m.get("device_memory_bytes")),
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
            "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,
@@ -432,18 +450,38 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
     pre = statistics.median(prefill) if prefill else None
     rec.update({"prefill_chunk": s.prefill_chunk, "prefill_ms_median": pre,
                 "prefill_tokens_per_s": s.prefill_chunk / (pre / 1e3) if pre else None,
-                "allreduce_bytes": batch * cfg.model.hidden_size * w.dtype.itemsize, **ar,
-                "copy_GBps": m["copy_GBps"], "read_GBps": m["read_GBps"], "roofline_GBps": m["roofline_GBps"],
-                "roofline_bandwidth": m["roofline_bandwidth"], "roofline_weight_bytes": nbytes.weights,
-                "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total,
-                "roofline_comm_ms": n_layers * ar_ms if tp > 1 else 0.0, "roofline_model_ms": model_ms,
-                "roofline_ratio": st["median"] / model_ms})
+                "allreduce_bytes": batch * cfg.model.hidden_size * w.dtype.itemsize, **ar})
+    rec.update(_roofline_fields(m, w, point, ar, st["median"], shard_tp, s.projected_allreduce_us))
     fill_s = lane.seqs.fill_s
     if fill_s is not None:  # seconds to build the (shared) cache; for a real prefill also its throughput
         rec["fill_s"] = fill_s
         if lane.seqs.fill == "prefill":
             rec["fill_prefill_tokens_per_s"] = batch * ctx / fill_s if fill_s > 0 else None
     return rec
+
+
+def _roofline_fields(m: dict, w: Worker, point: dict, ar: dict, step_ms: float, tp: int,
+                     projected_allreduce_us: float) -> dict:
+    """The roofline of the point (bytes this rank reads over the measured bandwidth, + one measured all-reduce
+    a layer at tp > 1), its ratio, and a flag where the ratio is below 1 (faster than the bytes allow: a
+    ceiling was mismeasured, so the figure is no result). A projected point's roofline is its rank's alone,
+    with its projection fields (bench/projection.py)."""
+    nbytes = step_bytes(w.cfg.model, tp, point["batch"], point["context"], w.dtype.itemsize, fp8=w.stack.fp8,
+                        fp8_cache=w.stack.fp8_cache)
+    n_layers, projected = len(w.stack.ratios), point.get("projected", False)
+    ar_ms = ar["allreduce_ms_graph"] if ar["allreduce_ms_graph"] is not None else ar["allreduce_ms_eager"]
+    ar_s = 0.0 if projected else ar_ms / 1e3  # a projection's all-reduce term is its own (projected_*)
+    model_ms = model_seconds(nbytes.total, m["roofline_GBps"] * 1e9, n_layers, ar_s, tp) * 1e3
+    comm_ms = n_layers * ar_s * 1e3 if tp > 1 else 0.0
+    out = {"copy_GBps": m["copy_GBps"], "read_GBps": m["read_GBps"], "roofline_GBps": m["roofline_GBps"],
+           "roofline_bandwidth": m["roofline_bandwidth"], "copy_bytes": m["copy_bytes"],
+           "copy_method": m["copy_method"], "roofline_weight_bytes": nbytes.weights,
+           "roofline_cache_bytes": nbytes.cache, "roofline_bytes": nbytes.total, "roofline_comm_ms": comm_ms,
+           "roofline_model_ms": model_ms, "roofline_ratio": step_ms / model_ms,
+           "roofline_ratio_below_1": step_ms / model_ms < 1}
+    if projected:
+        out.update(rank_fields(step_ms, model_ms, n_layers, tp, projected_allreduce_us))
+    return out
 
 
 FIT_CONTEXTS = (4096, 32768, 65536, 131072)  # contexts of the memory-fit table, beside the point's own

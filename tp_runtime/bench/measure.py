@@ -92,10 +92,18 @@ def _median_ms(device: torch.device, fn, iters: int) -> float:
     return statistics.median(timer.durations_ms())
 
 
-def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters: int) -> dict:
+ALLREDUCE_WARMUP = 20  # untimed all-reduces per measurement: the same count on every rank (collectives)
+
+
+def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters: int,
+                 warmup: int = ALLREDUCE_WARMUP) -> dict:
     """Median latency of one all-reduce of a `shape` tensor through the group's all-reduce (tp.all_reduce:
     its strategy, where set): eager, and (CUDA) inside a CUDA graph. `allreduce_ms_path` names the path
     this message took.
+
+    The ranks meet at a barrier first (one that arrives late would otherwise count its lateness into the
+    first calls), then run `warmup` untimed calls (connection and buffer set-up of this message size) before
+    `iters` timed ones, each timed alone; the median of those is the latency.
 
     Must be called by every rank of the group in the same order (it runs collectives).
     """
@@ -103,7 +111,9 @@ def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters:
         return {"allreduce_ms_eager": 0.0, "allreduce_ms_graph": 0.0 if tp.device.type == "cuda" else None,
                 "allreduce_ms_path": "none"}
     x = torch.zeros(shape, dtype=dtype, device=tp.device)  # zeros: repeated sums stay finite
-    for _ in range(3):
+    if tp.cpu_group is not None:
+        dist.barrier(group=tp.cpu_group)
+    for _ in range(warmup):
         tp.all_reduce(x)
     timer = StepTimer(tp.device)
     for _ in range(iters):
@@ -112,7 +122,8 @@ def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters:
         timer.stop(t0)
     path = tp.allreduce.route(x) if tp.allreduce is not None else dist.get_backend(tp.group)
     out = {"allreduce_ms_eager": statistics.median(timer.durations_ms()), "allreduce_ms_graph": None,
-           "allreduce_ms_path": path}
+           "allreduce_ms_path": path,
+           "allreduce_method": f"median of {iters} calls timed one by one, after a barrier and {warmup} untimed"}
     if tp.device.type == "cuda":
         out["allreduce_ms_graph"] = _allreduce_graph_ms(tp, x, iters)
     return out

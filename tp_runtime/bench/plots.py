@@ -3,9 +3,13 @@
     step_time_vs_batch.png       decode step median vs batch, one line per (mode, tp), a panel per context
     speedup_vs_tp.png            tp = N vs tp = 1 speedup (interleaved) with its spread, a panel per mode,
                                  the ideal line and the roofline model's speedup
-    roofline_ratio_vs_context.png  measured / roofline model vs context, a panel per mode
+    roofline_ratio_vs_context.png  measured / roofline model vs context, a panel per mode (records flagged
+                                 roofline_ratio_below_1 left out: no result)
+    projected_speedup_vs_tp.png  projected points only (grid.shard_of_tp), titled as such: projected speedup
+                                 over tp 1 per shard_of_tp, a panel per mode, with the rooflines' own
 
-Only seeded-cache points are drawn (the prefill-built point repeats one of them).
+Only seeded-cache points are drawn (the prefill-built point repeats one of them). Projected points never
+enter the measured plots, and the measured plots are drawn only where measured points exist.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 from tp_runtime.bench.report import PLOT_FILES  # noqa: E402
 from tp_runtime.paths import atomic_output  # noqa: E402
 
-STEP_TIME, SPEEDUP, ROOFLINE_RATIO = PLOT_FILES
+STEP_TIME, SPEEDUP, ROOFLINE_RATIO, PROJECTED_SPEEDUP = PLOT_FILES
 
 
 def _panels(n: int, title: str):
@@ -130,12 +134,49 @@ def speedup_vs_tp(points: list[dict], comparisons: list[dict], out_dir: Path) ->
 
 
 def roofline_ratio_vs_context(points: list[dict], out_dir: Path) -> str:
+    points = [p for p in points if not p.get("roofline_ratio_below_1")]
     return _log_lines(points, "mode", "context", "roofline_ratio", ("tp", "batch"),
                       "measured step time / roofline model", "{}", "context (tokens)", "measured / model",
                       out_dir / ROOFLINE_RATIO)
 
 
+def projected_speedup_vs_tp(points: list[dict], out_dir: Path) -> str:
+    """A panel per mode: projected speedup over tp 1 per shard_of_tp, a line per (batch, context), the
+    rooflines' projected speedup (grey crosses) and the ideal line; every label says projected."""
+    rows = [p for p in points if p["cache_fill"] == "seeded" and p.get("projected_speedup") is not None]
+    modes = sorted({p["mode"] for p in rows}) or ["(no projected speedups)"]
+    us = rows[0]["projected_allreduce_us"] if rows else 0.0
+    fig, axes = _panels(len(modes), f"PROJECTED speedup over tp 1: one rank's shard alone + {us:g} us all-reduce "
+                                    "per layer (not a measurement of tp k)")
+    tps = sorted({p["shard_of_tp"] for p in rows}) or [1]
+    for ax, mode in zip(axes, modes):
+        model_label = "projected roofline"
+        for key in sorted({(p["batch"], p["context"], p["variant"]) for p in rows if p["mode"] == mode}):
+            line = sorted((p for p in rows if p["mode"] == mode and (p["batch"], p["context"], p["variant"]) == key),
+                          key=lambda p: p["shard_of_tp"])
+            xs = [p["shard_of_tp"] for p in line]
+            ax.plot(xs, [p["projected_speedup"] for p in line], marker="o", label=f"batch {key[0]}, ctx {key[1]}")
+            ax.plot(xs, [p["projected_roofline_speedup"] for p in line], "x", color="grey", label=model_label)
+            model_label = None
+        ax.plot(tps, tps, "k", linewidth=0.8, alpha=0.5, label="ideal")
+        ax.set(xlabel="tp (of the projected shard)", ylabel="projected speedup", title=f"{mode} (projected)",
+               xticks=tps)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, out_dir / PROJECTED_SPEEDUP)
+
+
 def write_plots(points: list[dict], comparisons: list[dict], out_dir: Path) -> list[str]:
-    """All three plots; returns their file names."""
-    return [step_time_vs_batch(points, out_dir), speedup_vs_tp(points, comparisons, out_dir),
-            roofline_ratio_vs_context(points, out_dir)]
+    """The measured plots (where measured points exist) and the projected one (where projected points exist);
+    returns their file names."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured = [p for p in points if not p.get("projected")]
+    projected = [p for p in points if p.get("projected")]
+    names = []
+    if measured:
+        names += [step_time_vs_batch(measured, out_dir),
+                  speedup_vs_tp(measured, [c for c in comparisons if not c.get("projected")], out_dir),
+                  roofline_ratio_vs_context(measured, out_dir)]
+    if projected:
+        names.append(projected_speedup_vs_tp(projected, out_dir))
+    return names

@@ -16,11 +16,15 @@ from torch.profiler import ProfilerActivity, profile
 COPY_PREFIXES = ("Memcpy", "Memset")  # device copies and fills, counted apart from kernels
 
 
+TOP_KERNELS = 12  # kernels (by name) listed per record in gpu_ms_by_kernel
+
+
 def profile_steps(run: Callable[[], None], n_steps: int, device: torch.device) -> dict:
-    """Run `run` (n_steps steps) under the profiler; per step: device activities, kernels, and the sum of
-    their durations (GPU busy ms; overlapping kernels counted each). None on a CPU."""
+    """Run `run` (n_steps steps, replayed as timed) under the profiler; per step: device activities,
+    kernels, the sum of their durations (GPU busy ms; overlapping kernels counted each), and the kernels
+    that took most of it by name (gpu_ms_by_kernel). None on a CPU."""
     if device.type != "cuda" or n_steps == 0:
-        return {"kernels_per_step": None, "copies_per_step": None, "gpu_busy_ms": None}
+        return {"kernels_per_step": None, "copies_per_step": None, "gpu_busy_ms": None, "gpu_ms_by_kernel": None}
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
@@ -29,7 +33,23 @@ def profile_steps(run: Callable[[], None], n_steps: int, device: torch.device) -
     copies = [e for e in acts if e.name.startswith(COPY_PREFIXES)]
     busy_us = sum(e.time_range.elapsed_us() for e in acts)
     return {"kernels_per_step": (len(acts) - len(copies)) / n_steps, "copies_per_step": len(copies) / n_steps,
-            "gpu_busy_ms": busy_us / 1e3 / n_steps}
+            "gpu_busy_ms": busy_us / 1e3 / n_steps,
+            "gpu_ms_by_kernel": by_kernel([(e.name, e.time_range.elapsed_us()) for e in acts], n_steps)}
+
+
+def by_kernel(durations: list[tuple[str, float]], n_steps: int, top: int = TOP_KERNELS) -> list[dict]:
+    """(kernel name, us) of every activity -> the `top` names by total time: launches and GPU ms per step
+    each, largest first; the rest summed in one row named "(others)". Names are cut at 100 characters."""
+    per: dict[str, list[float]] = {}
+    for name, us in durations:
+        per.setdefault(name[:100], []).append(us)
+    rows = sorted(({"kernel": k, "per_step": len(v) / n_steps, "ms": sum(v) / 1e3 / n_steps} for k, v in per.items()),
+                  key=lambda r: -r["ms"])
+    rest = rows[top:]
+    if rest:
+        rows = rows[:top] + [{"kernel": "(others)", "per_step": sum(r["per_step"] for r in rest),
+                              "ms": sum(r["ms"] for r in rest)}]
+    return rows
 
 
 # ------------------------------------------------------------------ the profile view (bench.profile=true)

@@ -10,7 +10,9 @@ One launch per tp value runs `loop.bench_entry` on every rank (in this process f
 elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
 <bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
 follow, and the last stdout line is the JSON summary. Rank 0 also appends each point's records to
-partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured.
+partial.jsonl as it finishes, so a sweep stopped part-way keeps what it measured. With grid.shard_of_tp
+the one tp = 1 launch runs a group per shard (bench/projection.py): projected points, never mixed with
+measured ones (their projected_speedup is filled once every shard has run).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def _label(variant: tuple) -> str:
 
 
 def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
-    """One (rank config, bench_dict) per tp value: the arguments of `bench_entry` on every rank."""
+    """One (rank config, bench_dict) per tp value: the arguments of `bench_entry` on every rank. With
+    grid.shard_of_tp, one group per (variant, shard_of_tp value) in the single tp = 1 launch."""
     variants, modes, s = sweep.variants(), sweep.modes, sweep.bench
     per_tp = sweep.n_points()
     plan = []
@@ -49,10 +52,14 @@ def launch_plan(sweep: SweepConfig) -> list[tuple[RunConfig, dict]]:
         for variant in variants:
             baselines = ({m: sweep.worker_config(1, variant, m).to_dict() for m in modes}
                          if tp > 1 and s.compare_tp1 else {})
-            groups.append({"label": _label(variant), "variant": [list(kv) for kv in variant],
-                           "batches": list(sweep.grid["bench.batch"]), "contexts": list(sweep.grid["bench.context"]),
-                           "workers": {m: sweep.worker_config(tp, variant, m).to_dict() for m in modes},
-                           "baselines": baselines})
+            group = {"label": _label(variant), "variant": [list(kv) for kv in variant],
+                     "batches": list(sweep.grid["bench.batch"]), "contexts": list(sweep.grid["bench.context"]),
+                     "workers": {m: sweep.worker_config(tp, variant, m).to_dict() for m in modes},
+                     "baselines": baselines}
+            if sweep.shard_tps is None:
+                groups.append(group)
+            else:  # tp = 1 first: the projected speedups divide by it
+                groups += [{**group, "shard_of_tp": k, "shard_rank": s.shard_rank} for k in sorted(sweep.shard_tps)]
         bench_dict = {"name": sweep.name, "settings": dataclasses.asdict(s), "groups": groups,
                       "progress": {"offset": i * per_tp, "total": per_tp * len(sweep.tps)}}
         plan.append((sweep.worker_config(tp, variants[0], modes[0]), bench_dict))

@@ -11,6 +11,10 @@
       model.num_hidden_layers: [8]
     bench: {warmup_steps: 3, timed_steps: 10, repeats: 5, output: out/bench}
 
+`grid.shard_of_tp: [1, 2, 4, 8]` turns the sweep into projected points (bench/projection.py): per value k,
+rank `bench.shard_rank`'s shard of tp k is built in this one process on one GPU and run with the layer
+all-reduce left out; parallel.tp stays 1. It needs a CUDA device and is refused elsewhere.
+
 Command-line words `bench.*`, `grid.<key>` and `name` change the sweep; any other dotted key
 (`parallel.launcher=ray`, `runtime.device=cuda`, `model.num_hidden_layers=4`) changes the base.
 Errors name the key and where it came from, as config.py's do. The bench sets the Worker-sizing keys
@@ -22,13 +26,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict, parse_override
+from tp_runtime.weights.specs import check_fp8_shards
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
@@ -59,7 +66,7 @@ def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
     return base, dict(LANE_SETTINGS[w] for w in words)
 
 
-BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file")
+BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file", "shard_of_tp")
 RUN_AXES = ("runtime.dtype", "runtime.weight_format", "runtime.fp8_activations", "runtime.cache_format")  # plus every model.<field>
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
 TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
@@ -83,6 +90,8 @@ class BenchSettings:
     plots: bool = True
     output: str = "out/bench"  # results go to <output>/<name>/
     seed: int = 0  # seed of decode inputs and of seeded cache rows
+    shard_rank: int = 0  # grid.shard_of_tp: the rank whose shard is built (a rank of every shard_of_tp value)
+    projected_allreduce_us: float = 5.0  # grid.shard_of_tp: the all-reduce latency per layer a projection assumes
 
 
 @dataclass
@@ -101,6 +110,11 @@ class SweepConfig:
     def tps(self) -> list[int]:
         return self.grid.get("parallel.tp", [config_from_dict(self.base).parallel.tp])
 
+    @property
+    def shard_tps(self) -> list[int] | None:
+        """grid.shard_of_tp: the tp values whose rank shard is projected in one process (None: measured tp)."""
+        return self.grid.get("shard_of_tp")
+
     def variants(self) -> list[tuple[tuple[str, Any], ...]]:
         """Combinations of the run-config axes (model_file, model.*, runtime.dtype): one Worker set each."""
         # model_file first: it replaces the model section, then model.* keys change it.
@@ -109,8 +123,9 @@ class SweepConfig:
         return [tuple(zip(keys, combo)) for combo in itertools.product(*(self.grid[k] for k in keys))]
 
     def n_points(self) -> int:
-        """Timed (variant, context, batch) units per tp, all modes included."""
-        return len(self.variants()) * len(self.grid["bench.batch"]) * len(self.grid["bench.context"])
+        """Timed (variant, shard, context, batch) units per tp, all modes included."""
+        return (len(self.variants()) * len(self.shard_tps or [1]) * len(self.grid["bench.batch"])
+                * len(self.grid["bench.context"]))
 
     def headroom(self) -> int:
         """Positions a point adds past its context: warm-up, repeats, break steps and prefill chunks of
@@ -265,3 +280,44 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
         for variant in sweep.variants():
             for mode in sweep.modes:
                 sweep.worker_config(tp, variant, mode)
+    if sweep.shard_tps is not None:
+        _validate_shards(sweep, src)
+
+
+def _validate_shards(sweep: SweepConfig, src: str) -> None:
+    """grid.shard_of_tp: positive tp values that split every variant's heads and output groups, a shard rank
+    of each, one process (parallel.tp 1), no all-reduce lanes, FP8 shards on whole blocks, a CUDA device."""
+    values, b = sweep.shard_tps, sweep.bench
+    bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+    if bad or len(set(values)) != len(values):
+        raise ConfigError(f"{src}: grid 'shard_of_tp' holds {bad or values}; values must be distinct positive integers")
+    for variant in sweep.variants():
+        cfg = sweep.worker_config(1, variant, sweep.modes[0])
+        m = cfg.model
+        bad = [k for k in values if m.num_attention_heads % k or m.o_groups % k]
+        if bad:
+            raise ConfigError(f"{src}: grid 'shard_of_tp' holds {bad}: each value must divide num_attention_heads="
+                              f"{m.num_attention_heads} and o_groups={m.o_groups} ({cfg.source})")
+        fp8 = any(sweep.worker_config(1, variant, mode).runtime.weight_format == "fp8" for mode in sweep.modes)
+        for k in values if fp8 else ():
+            try:
+                check_fp8_shards(m, k)
+            except ValueError as e:
+                raise ConfigError(f"{src}: grid 'shard_of_tp'={k} with FP8 weights: {e}") from None
+    if isinstance(b.shard_rank, bool) or not 0 <= b.shard_rank < min(values):
+        raise ConfigError(f"{src}: 'bench.shard_rank'={b.shard_rank} must be a rank of every grid 'shard_of_tp' "
+                          f"value: 0..{min(values) - 1}")
+    if not math.isfinite(b.projected_allreduce_us) or b.projected_allreduce_us < 0:
+        raise ConfigError(f"{src}: 'bench.projected_allreduce_us' must be a finite latency >= 0, "
+                          f"got {b.projected_allreduce_us}")
+    if sweep.tps != [1]:
+        raise ConfigError(f"{src}: grid 'shard_of_tp' builds each shard in one process: parallel.tp must be 1, "
+                          f"got {sweep.tps}")
+    with_ar = [m for m in sweep.modes if "allreduce" in (split_mode(m)[1] or {})]
+    if with_ar:
+        raise ConfigError(f"{src}: grid 'modes' holds {with_ar}: an all-reduce setting has nothing to run with "
+                          "grid 'shard_of_tp' (the all-reduce is left out)")
+    device = config_from_dict(sweep.base).runtime.device
+    if device == "cpu" or not torch.cuda.is_available():
+        why = "runtime.device=cpu" if device == "cpu" else "CUDA is not available on this machine"
+        raise ConfigError(f"{src}: grid 'shard_of_tp' projects GPU ranks and needs a CUDA device; {why}")

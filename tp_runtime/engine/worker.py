@@ -91,7 +91,7 @@ class Worker:
         self.buffers.load(StepPlan(()), no_rows, self.buffers.capacity)
         # Every rank ends each size's eager warm-up (Triton JIT included) before any rank captures it: ranks
         # that diverge there deadlock a symmetric-memory all-reduce.
-        barrier = self._barrier if self.tp.size > 1 else None
+        barrier = self._barrier if self.tp.has_peers else None
         with torch.no_grad():
             if mode in FULL_MODES:
                 self.full_graphs = StepGraphs(sizes, self.device, full=True, pool=pool)

@@ -44,6 +44,12 @@ class TPGroup:
     local_size: int | None = None  # ranks on this rank's node (LOCAL_WORLD_SIZE at init); None: not said
     allreduce: AllReduce | None = None  # the layer all-reduce chosen at start-up (setup_allreduce)
 
+    @property
+    def has_peers(self) -> bool:
+        """Other ranks to meet and reduce with. False at tp = 1 and for a rank's shard built alone (no process
+        group: the bench's projected points, bench/projection.py, whose all-reduce is a no-op)."""
+        return self.size > 1 and self.cpu_group is not None
+
     def shard(self, n: int, what: str) -> tuple[int, int]:
         """[start, end) of this rank's equal share of n items."""
         if n % self.size:
@@ -136,7 +142,7 @@ def warm_up_collectives(tp: TPGroup) -> None:
     """Eager all-reduces before any graph capture, then a barrier: NCCL's communicator exists (4 bytes take
     NCCL) and the group's symmetric-memory path ran once and summed right (4 KB take it where the group has
     one), on every rank before any rank captures."""
-    if tp.size > 1:
+    if tp.has_peers:
         for n in (1, 1024):
             x = torch.ones(n, device=tp.device)
             tp.all_reduce(x)
