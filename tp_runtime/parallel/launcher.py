@@ -11,14 +11,17 @@ the config dict first: the same code on every rank. This module imports no engin
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import signal
 import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
 from tp_runtime.config import RunConfig
 from tp_runtime.parallel.errors import LaunchError
+from tp_runtime.parallel.interrupt import SIGNALS, Interrupted, quiet_rank_exit
 
 RENDEZVOUS_TIMEOUT_S = 900  # the workers' store: every rank must reach it within this (torch's default)
 
@@ -32,7 +35,7 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
         from tp_runtime.parallel.ray_launch import launch_ray
 
         return launch_ray(cfg, entry, args)
-    if p.launcher == "torchrun":
+    if p.launcher == "torchrun":  # the command line refuses it first (exit status 2)
         raise LaunchError(f"parallel.launcher=torchrun: start the ranks with `torchrun --nproc-per-node N "
                           f"-m {torchrun_module} CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
                           "several nodes)")
@@ -45,6 +48,7 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     """entry(*args) in nproc processes on this host through torch's elastic agent; rank 0's return value.
     The workers' store listens on 127.0.0.1 only (store.LoopbackRendezvous). A failing rank ends the
     run with LaunchError naming every failed rank, and the peer a rank found silent (heartbeat.py)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -60,8 +64,11 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    handlers = [signal.getsignal(s) for s in SIGNALS]  # the agent replaces them while its workers run
     try:
-        return elastic_launch(lc, entry)(*args)[0]
+        return elastic_launch(lc, functools.partial(_rank_main, entry))(*args)[0]
+    except SignalException as e:  # the agent got SIGINT / SIGTERM and has ended its workers
+        raise Interrupted(e.sigval) from None
     except ChildFailedError as e:
         first, _ = e.get_first_failure()
         ranks = [first] + sorted(r for r in e.failures if r != first)
@@ -69,6 +76,15 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
                            f"{_failure_message(e.failures[r])}" for r in ranks)
         lost = read_lost(store)  # what a rank found and recorded before the agent stopped the rest
         raise LaunchError(f"{failed}{f'; {lost}' if lost and lost not in failed else ''}") from None
+    finally:
+        for s, h in zip(SIGNALS, handlers):
+            signal.signal(s, h)
+
+
+def _rank_main(entry: Callable[..., Any], *args: Any) -> Any:
+    """A local rank process: a signal ends it quietly (the launcher reports it), then the entry runs."""
+    quiet_rank_exit()
+    return entry(*args)
 
 
 def _failure_message(failure) -> str:
