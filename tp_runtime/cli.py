@@ -20,7 +20,7 @@ import sys
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.parallel.group import resolve_device
-from tp_runtime.parallel.interrupt import Interrupted, on_signals
+from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
 from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
@@ -149,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     with on_signals():
         try:
             return _dispatch(args)
-        except Interrupted as e:  # everything the command started has been ended on the way up
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return e.exit_status
+        except KeyboardInterrupt as e:  # SIGINT / SIGTERM: what the command started was ended on the way up
+            stopped = from_keyboard_interrupt(e)
+            print(f"error: {stopped}", file=sys.stderr, flush=True)
+            return stopped.exit_status
 
 
 def _dispatch(args: argparse.Namespace) -> int:

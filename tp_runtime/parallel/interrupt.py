@@ -2,12 +2,13 @@
 
     with on_signals():                 # the launching process (`tp-runtime run | check | bench`)
         ...                            # a signal raises Interrupted in the main thread, once
-    except Interrupted as e:           # -> "error: interrupted (SIGINT)", exit e.exit_status (130 / 143)
+    except KeyboardInterrupt as e:     # from_keyboard_interrupt(e): "error: interrupted (SIGINT)", exit
+                                       # status 130 (SIGINT) / 143 (SIGTERM)
 
     quiet_rank_exit()                  # a rank process: a signal ends it at once, no traceback; its
                                        # launcher reports it
 
-Interrupted derives from BaseException, so no `except Exception` on the way up swallows it and every
+Interrupted derives from KeyboardInterrupt, so no `except Exception` on the way up swallows it and every
 `finally` on the way (actors killed, placement group removed, the embedded Ray stopped, the elastic
 agent's workers ended) runs. After the first signal further SIGINT / SIGTERM are ignored while that
 clean-up runs (it is bounded); when the block is left, a late signal ends the process as by default.
@@ -22,8 +23,10 @@ from typing import Iterator
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived; the run was stopped."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; the run was stopped. A KeyboardInterrupt, because Ray's blocking calls
+    (ray.get, ray.wait) pass on only that from a signal handler, as a KeyboardInterrupt of their own:
+    `from_keyboard_interrupt` recovers the signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -37,9 +40,20 @@ class Interrupted(BaseException):
         return f"interrupted ({signal.Signals(self.signum).name})"
 
 
+_received: list[int] = []  # the signal that raised Interrupted in this process
+
+
+def from_keyboard_interrupt(e: KeyboardInterrupt) -> Interrupted:
+    """The Interrupted behind a KeyboardInterrupt (one that Ray raised anew has lost it): the signal received."""
+    if isinstance(e, Interrupted):
+        return e
+    return Interrupted(_received[0] if _received else signal.SIGINT)
+
+
 def _raise(signum: int, frame) -> None:
     for s in SIGNALS:  # one report; the clean-up that follows is not interrupted again
         signal.signal(s, signal.SIG_IGN)
+    _received.append(signum)
     raise Interrupted(signum)
 
 

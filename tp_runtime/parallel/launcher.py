@@ -56,6 +56,11 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     from tp_runtime.parallel.store import LOOPBACK_BACKEND, listening_store
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # A failed rank is reported in one line (LaunchError); torch's own traceback of it, and its notice
+    # that it terminates the other ranks, would come before that line.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    _start_resource_tracker_quietly()
     store = listening_store("127.0.0.1", 0, timedelta(seconds=RENDEZVOUS_TIMEOUT_S))  # port 0: a free one
     lc = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
@@ -66,7 +71,8 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     handlers = [signal.getsignal(s) for s in SIGNALS]  # the agent replaces them while its workers run
     try:
-        return elastic_launch(lc, functools.partial(_rank_main, entry))(*args)[0]
+        rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name
+        return elastic_launch(lc, rank_main)(*args)[0]
     except SignalException as e:  # the agent got SIGINT / SIGTERM and has ended its workers
         raise Interrupted(e.sigval) from None
     except ChildFailedError as e:
@@ -79,6 +85,23 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     finally:
         for s, h in zip(SIGNALS, handlers):
             signal.signal(s, h)
+
+
+def _start_resource_tracker_quietly() -> None:
+    """multiprocessing's resource tracker (one per launching process, shared by its spawned ranks) unlinks
+    the semaphores of a rank that was killed before it could (tqdm's lock in a bench rank); its warning about
+    them would follow the run's `error:` line. It is started here, with that one warning filtered out."""
+    from multiprocessing import resource_tracker
+
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore:resource_tracker:UserWarning"]))
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
 
 
 def _rank_main(entry: Callable[..., Any], *args: Any) -> Any:

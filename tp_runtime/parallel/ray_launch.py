@@ -121,7 +121,7 @@ def is_ray(pid, name):
         return True
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return any(a.startswith(RAY_CODE) for a in f.read().decode(errors="replace").split("\0"))
+            return any(a.startswith(RAY_CODE) for a in f.read().decode(errors="replace").split("\\0"))
     except OSError:
         return False
 def look():
@@ -208,6 +208,11 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
     if not sys.stderr.isatty():  # the ranks' lines Ray forwards here: no colour codes in a file or pipe
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     address = os.environ.get("RAY_ADDRESS")
+    with _keep_signal_handlers():
+        return _connect(cfg, address)
+
+
+def _connect(cfg: RunConfig, address: str | None) -> EmbeddedRay | None:
     try:
         if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
             package = os.path.dirname(tp_runtime.__file__)
@@ -217,6 +222,21 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
     except (ConnectionError, RuntimeError, ValueError) as e:
         what = f"join the Ray cluster at RAY_ADDRESS={address}" if address else "start an embedded Ray"
         raise LaunchError(f"could not {what}: {type(e).__name__}: {e}") from None
+
+
+@contextmanager
+def _keep_signal_handlers():
+    """ray.init puts a handler of Ray's core worker (it logs a stack, then aborts) on SIGTERM: the caller's
+    handlers (the command's Interrupted, parallel/interrupt.py) are put back."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if handler is not None:
+                signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------- placement
