@@ -170,3 +170,9 @@ def test_refused_before_anything_starts(args: list[str], key: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0], r.stderr[-3000:]
     assert "Traceback" not in r.stderr and not r.stdout.strip()
     assert not reap(env[MARK], 0)  # nothing was started (no Ray, no rank)
+
+
+def test_usage_shows_overrides_as_optional() -> None:
+    r = subprocess.run(_cli("run"), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "config [overrides ...]" in r.stderr, r.stderr
+    assert "required: config" in r.stderr and "overrides" not in r.stderr.splitlines()[-1], r.stderr
