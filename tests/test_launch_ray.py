@@ -24,7 +24,7 @@ from conftest import (MARK, REPO, STOP, STOP_TIMEOUT_S, TINY, child_env, free_po
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import worker_entry
 from tp_runtime.parallel import ray_launch  # before `import ray`: the embedded instance binds 127.0.0.1
-from tp_runtime.parallel.errors import LaunchError
+from tp_runtime.parallel.errors import LaunchError, LaunchRefused
 
 import ray  # noqa: E402  (after ray_launch, see above)
 
@@ -49,6 +49,9 @@ def test_quickstart_embedded_ray_matches_local(local_checksum: float) -> None:
     assert rec["output_checksum"] == local_checksum
     where = placements(r.stderr)
     assert sorted(where) == [0, 1] and {ip for ip, _ in where.values()} == {"127.0.0.1"}, r.stderr[-2000:]
+    # stderr is a pipe here: no colour codes in the ranks' forwarded lines, and no token-auth notice for
+    # the private instance
+    assert "\x1b[" not in r.stderr and "Token authentication" not in r.stderr, r.stderr[-2000:]
 
 
 def test_embedded_ray_names_a_stopped_rank_0_within_the_timeout() -> None:
@@ -144,23 +147,40 @@ class TestEmbeddedFailures:
         assert elapsed < 60, f"failure took {elapsed:.1f} s: {e.value}"
         assert _resources_released(2.0, within_s=10), ray.available_resources()
 
-    def test_unsatisfiable_placement_times_out_with_what_was_asked(self) -> None:
-        # tp = 4 CPU bundles, STRICT_PACK, on a 2-CPU instance: can never fit.
-        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cpu", "parallel.tp=4",
-                                 "parallel.placement_timeout_s=3"])
+    def test_unsatisfiable_placement_is_refused_before_placing_anything(self) -> None:
+        # tp = 4 CPU bundles, STRICT_PACK, on a 2-CPU instance: can never fit, refused at once (exit status 2).
+        cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cpu", "parallel.tp=4"])
         t0 = time.monotonic()
-        with pytest.raises(LaunchError) as e:
+        with pytest.raises(LaunchRefused) as e:
             ray_launch.launch_ray(cfg, worker_entry)
-        elapsed = time.monotonic() - t0
         msg = str(e.value)
-        assert "not ready after 3 s" in msg and "4 bundle(s) of {CPU: 1}" in msg and "STRICT_PACK" in msg, msg
+        assert "can never hold 4 bundle(s) of {CPU: 1} with strategy STRICT_PACK" in msg, msg
         assert "{CPU: 2" in msg and "1 node(s)" in msg, msg  # what the cluster has
+        assert time.monotonic() - t0 < 5
+        assert ray.util.placement_group_table() == {} or all(
+            pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+    def test_busy_placement_times_out_with_what_was_asked(self) -> None:
+        # The CPUs exist but another placement group holds them: waited for parallel.placement_timeout_s.
+        held = ray.util.placement_group([{"CPU": 2.0}])
+        ray.get(held.ready(), timeout=30)
+        try:
+            cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cpu", "parallel.placement_timeout_s=3"])
+            t0 = time.monotonic()
+            with pytest.raises(LaunchError) as e:
+                ray_launch.launch_ray(cfg, worker_entry)
+            elapsed = time.monotonic() - t0
+        finally:
+            ray.util.remove_placement_group(held)
+        msg = str(e.value)
+        assert not isinstance(e.value, LaunchRefused), msg
+        assert "not ready after 3 s" in msg and "2 bundle(s) of {CPU: 1}" in msg and "STRICT_PACK" in msg, msg
         assert 3 <= elapsed < 15, elapsed  # the timeout, plus describing and removing the group
         assert _resources_released(2.0, within_s=10), ray.available_resources()
 
     def test_cuda_without_gpus_is_refused_before_placement(self) -> None:
         cfg = load_config(TINY, ["parallel.launcher=ray", "runtime.device=cuda"])
-        with pytest.raises(LaunchError, match=r"runtime.device=cuda but the Ray cluster has no GPU .*\{CPU: 2\}"):
+        with pytest.raises(LaunchRefused, match=r"runtime.device=cuda but the Ray cluster has no GPU .*\{CPU: 2\}"):
             ray_launch.launch_ray(cfg, worker_entry)
 
 

@@ -139,8 +139,32 @@ def test_local_launcher_rank_failure_is_launch_error() -> None:
                 timeout_s=120)
     elapsed = time.monotonic() - t0
     assert r.returncode == 1, r.stderr[-3000:]
-    assert "error: rank 1 failed (exit code -9)" in r.stderr, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: rank 1 failed (exit code -9)"), r.stderr[-3000:]
+    assert [ln for ln in lines if ln.startswith("error:")] == lines[-1:] and "Traceback" not in r.stderr
     assert elapsed < 60, elapsed
+
+
+def test_local_launcher_failed_bench_ends_on_its_error_line(tmp_path) -> None:
+    # The killed rank leaves semaphores (tqdm's lock) to multiprocessing's resource tracker, whose warning
+    # used to follow the error line.
+    r = run_cli(["bench", "configs/bench_tiny.yaml", "grid.parallel.tp=[2]", "grid.bench.batch=[1]",
+                 "grid.bench.context=[12]", f"bench.output={tmp_path}", "parallel.fail_rank=1",
+                 "parallel.fail_step=2"], timeout_s=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: rank 1 failed"), r.stderr[-3000:]
+    assert "leaked" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_local_full_graphs_on_cpu_warn_once_and_say_so() -> None:
+    r = run_cli(["run", TINY, "parallel.launcher=local", "graph.mode=full", "workload.requests=2"], timeout_s=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("graph.mode=full needs a CUDA device") == 1, r.stderr[-3000:]  # rank 0 only
+    rec = last_json(r.stdout)
+    assert rec["steps_by_path"].get("full", 0) > 0, rec["steps_by_path"]
+    summary = r.stdout.splitlines()[0]
+    assert "graphs=full (hoisted; not captured on cpu: run eagerly)" in summary, summary
 
 
 def test_torchrun_world_size_must_match_tp() -> None:

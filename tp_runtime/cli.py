@@ -7,7 +7,8 @@
     tp-runtime run configs/tiny.yaml model.checkpoint=/tmp/ckpt
 
 Each command prints a short summary and, as its last stdout line, one JSON object.
-Bad configs and inputs are refused before any rank starts, with the key or tensor named.
+Bad configs and inputs are refused before any rank starts, with the key or tensor named (exit status 2);
+a failed rank or run exits 1; SIGINT / SIGTERM end everything the command started and exit 130 / 143.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.parallel.group import resolve_device
+from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
 from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
@@ -34,13 +36,33 @@ def _parser() -> argparse.ArgumentParser:
                        ("bench", "run a benchmark sweep config (configs/bench_*.yaml)")):
         s = sub.add_parser(name, help=text)
         s.add_argument("config", help="YAML config file")
-        s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. parallel.tp=4")
+        s.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. parallel.tp=4")
     w = sub.add_parser("write-checkpoint", help="write the config's seeded weights as a DeepSeek-V4 FP8 checkpoint")
     w.add_argument("config", help="YAML config file")
     w.add_argument("out_dir", help="directory to write config.json, the index and the safetensors files to")
-    w.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.layers=0-7")
+    w.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. model.layers=0-7")
     w.add_argument("--files", type=int, default=4, help="number of safetensors files (whole layers each)")
     return p
+
+
+def _check_startable(cfg: RunConfig, command: str) -> None:
+    """Refuse what would start nothing or end at once: the torchrun launcher (torchrun starts the ranks), zero
+    requests, fault injection without a peer to name the faulty rank (or under `check`, whose tp = 1
+    comparison runs in this very process)."""
+    p, w = cfg.parallel, cfg.workload
+    if p.launcher == "torchrun":
+        raise ConfigError(f"{cfg.origin('parallel.launcher')}: parallel.launcher=torchrun: `tp-runtime {command}` "
+                          "does not start torchrun's processes; start the ranks with `torchrun --nproc-per-node N "
+                          "-m tp_runtime.engine.entry CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
+                          "several nodes), or use parallel.launcher=local or ray")
+    if not w.inputs and w.requests == 0:
+        raise ConfigError(f"{cfg.origin('workload.requests')}: 'workload.requests'=0: nothing to run; "
+                          "needs at least 1 request")
+    if p.fail_rank is not None and (p.tp == 1 or command == "check"):
+        why = (f"needs a peer rank (parallel.tp={p.tp}): the faulty rank is named by its peers" if p.tp == 1
+               else "is for `run` and `bench`: `check` also runs tp = 1 in this process")
+        raise ConfigError(f"{cfg.origin('parallel.fail_rank')}: fault injection 'parallel.fail_rank'={p.fail_rank} "
+                          f"{why}")
 
 
 def _validate_inputs(cfg: RunConfig) -> None:
@@ -67,15 +89,24 @@ def _validate_inputs(cfg: RunConfig) -> None:
 
 
 def _check_local_gpus(cfg: RunConfig) -> None:
-    """runtime.device=cuda under the local launcher: every rank runs on this machine, one GPU each."""
+    """runtime.device=cuda under the local launcher or an embedded Ray (no RAY_ADDRESS): every rank runs on
+    this machine, one GPU each; checked before any process is started. (A Ray cluster's GPUs are checked
+    against its resources before anything is placed: ray_launch.check_fits.)"""
+    import os
+
     import torch
 
+    embedded_ray = cfg.parallel.launcher == "ray" and not os.environ.get("RAY_ADDRESS")
+    if cfg.runtime.device != "cuda" or not (cfg.parallel.launcher == "local" or embedded_ray):
+        return
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    tp = cfg.parallel.tp
-    if cfg.runtime.device == "cuda" and cfg.parallel.launcher == "local" and have < tp:
+    tp, launcher = cfg.parallel.tp, cfg.parallel.launcher
+    if have < tp:
+        where = "an embedded Ray on this machine" if embedded_ray else "parallel.launcher=local"
         raise ConfigError(f"{cfg.origin('runtime.device')}: runtime.device=cuda with parallel.tp={tp} under "
-                          f"parallel.launcher=local needs {tp} GPU(s) on this machine; "
-                          f"{f'it has {have}' if have else 'CUDA is not available here'} (use runtime.device=auto or cpu)")
+                          f"{where} (parallel.launcher={launcher}) needs {tp} GPU(s) on this machine; "
+                          f"{f'it has {have}' if have else 'CUDA is not available here'} "
+                          "(use runtime.device=auto or cpu)")
 
 
 def _cmd_run(cfg: RunConfig) -> int:
@@ -115,6 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     if extra and (args.command != "write-checkpoint" or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides += extra
+    with on_signals():
+        try:
+            return _dispatch(args)
+        except KeyboardInterrupt as e:  # SIGINT / SIGTERM: what the command started was ended on the way up
+            stopped = from_keyboard_interrupt(e)
+            print(f"error: {stopped}", file=sys.stderr, flush=True)
+            return stopped.exit_status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "bench":
             from tp_runtime.bench.sweep import run_bench
@@ -123,14 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.command == "write-checkpoint":
             return _cmd_write_checkpoint(cfg, args.out_dir, args.files)
+        _check_startable(cfg, args.command)
         _validate_inputs(cfg)
     except (ConfigError, InputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from tp_runtime.parallel.errors import LaunchError
+    from tp_runtime.parallel.errors import LaunchError, LaunchRefused
 
     try:
         return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)
+    except LaunchRefused as e:  # the cluster cannot hold the run: nothing was placed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (LaunchError, CheckpointError) as e:  # a rank failed, or found its weights bad while loading
         print(f"error: {e}", file=sys.stderr)
         return 1

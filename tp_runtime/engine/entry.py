@@ -23,6 +23,7 @@ from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.worker import FaultyWorker, Worker
 from tp_runtime.parallel.group import group_from_env, shutdown
+from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import run_on_ranks
 from tp_runtime.parallel.peer_watch import PeerWatch
 from tp_runtime.paths import check_output_file
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     A failing rank raises (exit status 1; `record` hands the traceback to torchrun's summary); the
     others then fail in their next collective (a closed connection at once, a hung peer after
     parallel.timeout_s), and torchrun stops the rest, so every rank exits non-zero in bounded time.
+    SIGINT / SIGTERM (a Ctrl-C reaches the agent and every rank; the agent passes its own on) end a rank
+    at once and without a traceback; torchrun's agent reports the signal.
     """
+    quiet_rank_exit()
     try:
         cfg = _torchrun_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as e:
@@ -98,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = worker_entry(cfg.to_dict())
     return report_and_status(cfg, result) if result is not None else 0
-
 
 
 if __name__ == "__main__":

@@ -76,8 +76,7 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     rec = run_record(cfg, res, command)
     med = rec["decode_step_ms_median"]
     print(f"tp_runtime {command}: tp={rec['tp']} launcher={rec['launcher']} device={rec['device']} "
-          f"dtype={rec['dtype']} cache={rec['cache_format']} kernels={rec['kernels']} graphs={rec['graph_mode']} "
-          f"({rec['break_scope']}) "
+          f"dtype={rec['dtype']} cache={rec['cache_format']} kernels={rec['kernels']} graphs={_graphs_said(rec)} "
           f"layers={rec['layers']}")
     print(f"  requests {rec['completed']} completed, {len(rec['rejected'])} rejected; "
           f"{rec['prefill_tokens']} prefill + {rec['decode_tokens']} decode tokens in {rec['steps']} steps")
@@ -97,6 +96,15 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
           f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {checksum}")
     print(strict_json(rec), flush=True)
     return rec
+
+
+def _graphs_said(rec: dict) -> str:
+    """The graph mode as run: the mode asked for, and whether its graphs were captured. Without CUDA the
+    same step paths run eagerly (steps_by_path still counts `full` steps), so the asked mode is named."""
+    asked, scope = rec["graph_mode_requested"], rec["break_scope"]
+    if rec["graphs"] or asked == "eager":
+        return f"{rec['graph_mode']} ({scope})"
+    return f"{asked} ({scope}; not captured on {rec['device']}: run eagerly)"
 
 
 def strict_json(rec: dict) -> str:

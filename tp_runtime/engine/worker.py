@@ -75,8 +75,9 @@ class Worker:
         if mode == "eager":
             return False
         if self.device.type != "cuda":
-            warnings.warn(f"graph.mode={mode} needs a CUDA device; this run is on CPU and runs eagerly "
-                          "(the same code paths, without capture)", stacklevel=2)
+            if self.tp.rank == 0:  # once per run, not once per rank
+                warnings.warn(f"graph.mode={mode} needs a CUDA device; this run is on CPU and runs eagerly "
+                              "(the same code paths, without capture)", stacklevel=2)
             return False
         return True
 

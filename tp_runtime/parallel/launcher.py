@@ -11,14 +11,17 @@ the config dict first: the same code on every rank. This module imports no engin
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import signal
 import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
 from tp_runtime.config import RunConfig
 from tp_runtime.parallel.errors import LaunchError
+from tp_runtime.parallel.interrupt import SIGNALS, Interrupted, quiet_rank_exit
 
 RENDEZVOUS_TIMEOUT_S = 900  # the workers' store: every rank must reach it within this (torch's default)
 
@@ -32,7 +35,7 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
         from tp_runtime.parallel.ray_launch import launch_ray
 
         return launch_ray(cfg, entry, args)
-    if p.launcher == "torchrun":
+    if p.launcher == "torchrun":  # the command line refuses it first (exit status 2)
         raise LaunchError(f"parallel.launcher=torchrun: start the ranks with `torchrun --nproc-per-node N "
                           f"-m {torchrun_module} CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
                           "several nodes)")
@@ -45,6 +48,7 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     """entry(*args) in nproc processes on this host through torch's elastic agent; rank 0's return value.
     The workers' store listens on 127.0.0.1 only (store.LoopbackRendezvous). A failing rank ends the
     run with LaunchError naming every failed rank, and the peer a rank found silent (heartbeat.py)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -52,6 +56,11 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
     from tp_runtime.parallel.store import LOOPBACK_BACKEND, listening_store
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # A failed rank is reported in one line (LaunchError); torch's own traceback of it, and its notice
+    # that it terminates the other ranks, would come before that line.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    _start_resource_tracker_quietly()
     store = listening_store("127.0.0.1", 0, timedelta(seconds=RENDEZVOUS_TIMEOUT_S))  # port 0: a free one
     lc = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
@@ -60,8 +69,12 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    handlers = [signal.getsignal(s) for s in SIGNALS]  # the agent replaces them while its workers run
     try:
-        return elastic_launch(lc, entry)(*args)[0]
+        rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name
+        return elastic_launch(lc, rank_main)(*args)[0]
+    except SignalException as e:  # the agent got SIGINT / SIGTERM and has ended its workers
+        raise Interrupted(e.sigval) from None
     except ChildFailedError as e:
         first, _ = e.get_first_failure()
         ranks = [first] + sorted(r for r in e.failures if r != first)
@@ -69,6 +82,32 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
                            f"{_failure_message(e.failures[r])}" for r in ranks)
         lost = read_lost(store)  # what a rank found and recorded before the agent stopped the rest
         raise LaunchError(f"{failed}{f'; {lost}' if lost and lost not in failed else ''}") from None
+    finally:
+        for s, h in zip(SIGNALS, handlers):
+            signal.signal(s, h)
+
+
+def _start_resource_tracker_quietly() -> None:
+    """multiprocessing's resource tracker (one per launching process, shared by its spawned ranks) unlinks
+    the semaphores of a rank that was killed before it could (tqdm's lock in a bench rank); its warning about
+    them would follow the run's `error:` line. It is started here, with that one warning filtered out."""
+    from multiprocessing import resource_tracker
+
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore:resource_tracker:UserWarning"]))
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+
+
+def _rank_main(entry: Callable[..., Any], *args: Any) -> Any:
+    """A local rank process: a signal ends it quietly (the launcher reports it), then the entry runs."""
+    quiet_rank_exit()
+    return entry(*args)
 
 
 def _failure_message(failure) -> str:

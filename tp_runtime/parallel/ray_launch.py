@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -49,7 +50,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 import tp_runtime  # noqa: E402
 from tp_runtime.config import RunConfig  # noqa: E402
-from tp_runtime.parallel.errors import LaunchError  # noqa: E402
+from tp_runtime.parallel.errors import LaunchError, LaunchRefused  # noqa: E402
 
 # NVLink multicast off by default (it hangs or is unavailable on the hosts this runs on); a value
 # in the driver's environment wins. TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a collective past
@@ -98,22 +99,33 @@ class RankActor:
 # ---------------------------------------------------------------- connecting
 
 
-# Ends an embedded Ray whose driver died without shutting it down (SIGKILL). Ray's own fate sharing
-# ends the GCS, raylet and workers, but its DashboardAgent and RuntimeEnvAgent first report the
-# raylet's death to the dead GCS, with a fixed 60 s timeout. The reaper notes the driver's descendants
-# that are Ray's (by name; pid and start time, from /proc) twice a second while its stdin pipe from the
-# driver is open; EOF without "done" means the driver is gone: it SIGKILLs those that still exist.
+# Ends every process of an embedded Ray that outlives it. Ray's own fate sharing ends the GCS, raylet and
+# workers when the driver dies (SIGKILL), but its DashboardAgent and RuntimeEnvAgent first report the
+# raylet's death to the dead GCS, with a fixed 60 s timeout; and a ray.init interrupted half-way (SIGINT,
+# SIGTERM) leaves ray.shutdown() nothing to stop. The reaper notes the driver's descendants that are Ray's
+# (by name or by a command line inside the ray package; pid and start time, from /proc) twice a second
+# while its stdin pipe from the driver is open. At EOF (the driver stopped Ray, failed to start it, or
+# died) it looks once more and SIGKILLs those that still exist, until a look finds no new one.
 REAPER = """
 import os, select, signal, sys
 driver, seen = int(sys.argv[1]), {}
 RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
+RAY_CODE = os.path.dirname(sys.argv[2]) + os.sep  # the ray package: its log monitor, agents, reaper
 def stat(d):
     with open(f"/proc/{d}/stat") as f:
         text = f.read()
     rest = text.rsplit(")", 1)[1].split()
     return int(rest[1]), rest[19], text[text.index("(") + 1:text.rindex(")")]  # parent, start time, name
-while not select.select([sys.stdin], [], [], 0.5)[0]:
-    procs = {}
+def is_ray(pid, name):
+    if name.startswith(RAY_NAMES):
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return any(a.startswith(RAY_CODE) for a in f.read().decode(errors="replace").split("\\0"))
+    except OSError:
+        return False
+def look():
+    procs, new = {}, 0
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             procs[int(d)] = stat(d)
@@ -126,36 +138,62 @@ while not select.select([sys.stdin], [], [], 0.5)[0]:
             if ppid == parent and pid != os.getpid() and pid not in kids:
                 kids[pid] = (start, name)
                 todo.append(pid)
-    seen.update({pid: s for pid, (s, name) in kids.items() if name.startswith(RAY_NAMES)})
-if sys.stdin.read() == "done":
-    sys.exit(0)
-for pid, start in seen.items():
-    try:
-        if stat(pid)[1] == start:  # the same process, not a reused pid
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, IndexError, ValueError):
-        pass
+    for pid, (start, name) in kids.items():
+        if pid not in seen and is_ray(pid, name):
+            seen[pid], new = start, new + 1
+    return new
+while not select.select([sys.stdin], [], [], 0.5)[0]:
+    look()
+sys.stdin.read()
+for _ in range(10):
+    look()
+    for pid, start in list(seen.items()):
+        try:
+            if stat(pid)[1] == start:  # the same process, not a reused pid
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass
+    if not look():
+        break
 """
 
 
 class EmbeddedRay:
     """A private Ray instance on this machine: loopback only, no dashboard, `num_cpus` logical CPUs.
-    `stop()` shuts it down; if this process dies instead, a small reaper process ends it (REAPER)."""
+    `stop()` shuts it down and has the reaper end any of its processes still alive; if this process dies
+    instead, or is interrupted during ray.init, the reaper ends them too (REAPER)."""
 
     def __init__(self, num_cpus: int, num_gpus: int | None = None):
-        self._reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid())], stdin=subprocess.PIPE,
-                                        text=True)
+        self._reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid()), ray.__file__],
+                                        stdin=subprocess.PIPE, text=True)
         try:
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                     object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
-        except BaseException:
+            with _quiet_token_notice():
+                ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                         object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+        except BaseException:  # Interrupted included: what ray.init started is ended before it propagates
             self.stop()
             raise
 
     def stop(self) -> None:
-        ray.shutdown()
-        if self._reaper.poll() is None:
-            self._reaper.communicate("done", timeout=10)
+        try:
+            ray.shutdown()
+        finally:
+            if self._reaper.poll() is None:
+                self._reaper.stdin.close()  # EOF: it ends what is left of this Ray, then exits
+                self._reaper.wait(timeout=30)
+
+
+@contextmanager
+def _quiet_token_notice():
+    """Ray's notice about token authentication, logged as a WARNING by every ray.init that starts a local
+    instance, says nothing about this one: it is private to this run and listens on 127.0.0.1 only."""
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice.setLevel(level)
 
 
 def start_embedded(num_cpus: int, num_gpus: int | None = None) -> EmbeddedRay:
@@ -167,7 +205,14 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
     """Join RAY_ADDRESS's cluster, or start an embedded Ray (returned, for the caller to stop)."""
     if ray.is_initialized():
         return None
+    if not sys.stderr.isatty():  # the ranks' lines Ray forwards here: no colour codes in a file or pipe
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     address = os.environ.get("RAY_ADDRESS")
+    with _keep_signal_handlers():
+        return _connect(cfg, address)
+
+
+def _connect(cfg: RunConfig, address: str | None) -> EmbeddedRay | None:
     try:
         if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
             package = os.path.dirname(tp_runtime.__file__)
@@ -177,6 +222,21 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
     except (ConnectionError, RuntimeError, ValueError) as e:
         what = f"join the Ray cluster at RAY_ADDRESS={address}" if address else "start an embedded Ray"
         raise LaunchError(f"could not {what}: {type(e).__name__}: {e}") from None
+
+
+@contextmanager
+def _keep_signal_handlers():
+    """ray.init puts a handler of Ray's core worker (it logs a stack, then aborts) on SIGTERM: the caller's
+    handlers (the command's Interrupted, parallel/interrupt.py) are put back."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if handler is not None:
+                signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------- placement
@@ -197,9 +257,27 @@ def bundles_for(cfg: RunConfig) -> list[dict[str, float]]:
     """One bundle per rank: a GPU and a CPU when the cluster has GPUs (and the run may use them)."""
     has_gpus = ray.cluster_resources().get("GPU", 0) > 0
     if cfg.runtime.device == "cuda" and not has_gpus:
-        raise LaunchError(f"runtime.device=cuda but the Ray cluster has no GPU resources; {cluster_summary()}")
+        raise LaunchRefused(f"runtime.device=cuda but the Ray cluster has no GPU resources; {cluster_summary()}")
     use_gpu = has_gpus and cfg.runtime.device != "cpu"
     return [{"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0} for _ in range(cfg.parallel.tp)]
+
+
+def check_fits(bundles: list[dict[str, float]], strategy: str) -> None:
+    """LaunchRefused, before anything is placed, when the cluster's nodes (alive, all their resources) can
+    never hold the bundles under the strategy. Resources that exist but are in use are waited for (reserve)."""
+    need = bundles[0]
+    per_node = [min(int(n["Resources"].get(k, 0) // v) for k, v in need.items())
+                for n in ray.nodes() if n.get("Alive")]  # bundles each node could hold
+    if strategy == "STRICT_PACK":
+        fits = max(per_node, default=0) >= len(bundles)
+    elif strategy == "STRICT_SPREAD":
+        fits = sum(k >= 1 for k in per_node) >= len(bundles)
+    else:
+        fits = sum(per_node) >= len(bundles)
+    if not fits:
+        raise LaunchRefused(
+            f"the Ray cluster can never hold {len(bundles)} bundle(s) of {_fmt(need)} with strategy {strategy} "
+            f"(parallel.tp, parallel.placement_strategy, runtime.device); {cluster_summary()}")
 
 
 def reserve(bundles: list[dict[str, float]], strategy: str, timeout_s: float) -> PlacementGroup:
@@ -277,6 +355,7 @@ class RankGroup:
         self.strategy, self.bundles = p.placement_strategy, bundles_for(cfg)
         self.use_gpu = "GPU" in self.bundles[0]
         self.actors: list = []
+        check_fits(self.bundles, self.strategy)
         self.pg: PlacementGroup | None = reserve(self.bundles, self.strategy, p.placement_timeout_s)
         try:
             self.actors = self._spawn()  # bundle order
