@@ -18,6 +18,7 @@ import sys
 
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
+from tp_runtime.memory_fit import check_memory
 from tp_runtime.parallel.group import resolve_device
 from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
@@ -64,6 +65,7 @@ def _validate_inputs(cfg: RunConfig) -> None:
     if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
         check_output_file(cfg.workload.dump, "workload.dump")
     _check_local_gpus(cfg)
+    check_memory(cfg)  # each rank's weights, caches and workspace against its device's memory
 
 
 def _check_local_gpus(cfg: RunConfig) -> None:

@@ -50,7 +50,7 @@ class StrictLoader(yaml.SafeLoader):
         if not isinstance(node, yaml.MappingNode):
             raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}",
                                                     node.start_mark)
-        seen: dict[str, str] = {}  # key -> LINE:COL where it was first given
+        seen: dict[str, str] = {}  # key -> where it was first given
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
@@ -60,7 +60,7 @@ class StrictLoader(yaml.SafeLoader):
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key '{key}' (first given at {seen[key]})", key_node.start_mark)
-            seen[key] = f"{key_node.start_mark.line + 1}:{key_node.start_mark.column + 1}"
+            seen[key] = f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
         return super().construct_mapping(node, deep=deep)
 
 
@@ -98,15 +98,17 @@ for _tag in ("timestamp", "set", "omap", "pairs", "merge", "value"):
     StrictLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _yaml_1_1_only)
 
 
-def error_line(e: yaml.YAMLError, where: str) -> str:
+def error_line(e: yaml.YAMLError, where: str, text: str = "") -> str:
     """A YAML error as one line: `where:LINE:COL: problem (context at LINE:COL)`; syntax errors say
     'not valid YAML', the refusals of StrictLoader (duplicate key, non-string key, number form) do not."""
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e)
     if not isinstance(e, yaml.constructor.ConstructorError):  # the text breaks YAML's syntax
         problem = f"not valid YAML: {problem}"
-    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (NUL, control bytes)
-        problem = f"character {e.character!r} at byte {e.position} is not allowed in YAML"
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (NUL, control bytes): no mark
+        problem = f"not valid YAML: character {chr(e.character)!r} is not allowed"
+        line, col = text.count("\n", 0, e.position) + 1, e.position - text.rfind("\n", 0, e.position)
+        mark = yaml.Mark(where, e.position, line - 1, col - 1, None, None)
     text = f"{where}:{mark.line + 1}:{mark.column + 1}: {problem}" if mark else f"{where}: {problem}"
     context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
     if context:
@@ -121,7 +123,7 @@ def parse_value(raw: str, where: str) -> Any:
     try:
         return yaml.load(raw, Loader=StrictLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: {error_line(e, 'value')}") from None
+        raise ConfigError(f"{where}: {error_line(e, 'value', raw)}") from None
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -145,7 +147,7 @@ def read_text(path: str | Path, what: str) -> str:
         raise ConfigError(f"{what} {path} cannot be read: {e.strerror}") from None
     kind = _not_regular(st.st_mode)
     if kind:
-        hint = "; give a YAML file such as configs/tiny.yaml" if kind == "a directory" else ""
+        hint = "; give a YAML file" if kind == "a directory" else ""
         raise ConfigError(f"{what} {path} is {kind}, not a regular file{hint}")
     if st.st_size > MAX_BYTES:
         raise ConfigError(f"{what} {path} is {st.st_size} bytes; a config is YAML text of at most {MAX_BYTES}")
@@ -170,7 +172,7 @@ def read_mapping(path: str | Path, what: str, needs: str) -> dict:
     try:
         data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(error_line(e, str(path))) from None
+        raise ConfigError(error_line(e, str(path), text)) from None
     if data is None:
         raise ConfigError(f"{what} {path} is empty; it needs {needs}")
     if not isinstance(data, dict):
