@@ -323,7 +323,7 @@ def test_host_memory_is_read():
 
 
 def test_sweep_memory_check():
-    from tp_runtime.bench.sweep_config import check_sweep_memory
+    from tp_runtime.bench.sweep_memory import check_sweep_memory
 
     check_sweep_memory(load_sweep(SWEEP))  # the CPU smoke sweep fits
     for tp, who in ((1, "rank 0 of the group at tp=1"), (2, "the 2 ranks of the group at tp=2")):

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from tp_runtime.bench.loop import bench_entry, partial_log
 from tp_runtime.bench.report import print_tables, split_records, summary, write_jsonl
-from tp_runtime.bench.sweep_config import SweepConfig, check_sweep_memory, load_sweep
+from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
+from tp_runtime.bench.sweep_memory import check_sweep_memory
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
 from tp_runtime.parallel.launcher import run_on_ranks
