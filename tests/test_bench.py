@@ -152,7 +152,7 @@ def test_bad_base_file_is_refused(tmp_path):
     (tmp_path / "base.yaml").write_text("model: [unclosed\n")
     sweep = tmp_path / "s.yaml"
     sweep.write_text("base: base.yaml\ngrid: {bench.batch: [1], bench.context: [8]}\n")
-    with pytest.raises(ConfigError, match="base.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"base\.yaml:2:1: not valid YAML: "):
         load_sweep(sweep)
     sweep.write_text("base: missing.yaml\ngrid: {bench.batch: [1], bench.context: [8]}\n")
     with pytest.raises(ConfigError, match="file 'missing.yaml' not found"):

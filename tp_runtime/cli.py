@@ -19,6 +19,7 @@ import sys
 
 from tp_runtime.config import ConfigError, RunConfig, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
+from tp_runtime.memory_fit import check_memory
 from tp_runtime.parallel.group import resolve_device
 from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
 from tp_runtime.paths import check_output_file
@@ -86,6 +87,7 @@ def _validate_inputs(cfg: RunConfig) -> None:
     if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
         check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
     _check_local_gpus(cfg)
+    check_memory(cfg)  # each rank's weights, caches and workspace against its device's memory
 
 
 def _check_local_gpus(cfg: RunConfig) -> None:

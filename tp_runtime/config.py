@@ -21,11 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be accepted; the message names key, source and allowed values."""
+# ConfigError is defined beside the YAML reader (which raises it too); every module imports it from here.
+from tp_runtime.config_yaml import ConfigError, parse_value, read_mapping
 
 
 def _choices(*values: str) -> dict:
@@ -210,15 +207,11 @@ def parse_layer_spec(spec: str, n_layers: int) -> list[int]:
 
 
 def parse_override(word: str) -> tuple[str, Any]:
-    """'parallel.tp=4' -> ('parallel.tp', 4); the value is read as YAML (numbers, lists, null)."""
+    """'parallel.tp=4' -> ('parallel.tp', 4); the value is read as strict YAML 1.2 (config_yaml.py)."""
     key, sep, raw = word.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {word!r} is not of the form section.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {word!r}: value is not valid YAML ({e})") from None
-    return key.strip(), value
+    return key.strip(), parse_value(raw, f"override {word!r}")
 
 
 def _type_name(tp: Any) -> str:
@@ -265,7 +258,7 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
         raise ConfigError(f"{source}: '{prefix or '<top>'}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)  # keys of any type (a dict built in code)
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(
@@ -275,9 +268,7 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
         choices = fields[name].metadata.get("choices")
-        if isinstance(value, bool) and choices and {"on", "off"} <= set(choices):
-            value = "on" if value else "off"  # YAML reads a bare on / off as a boolean
-        kwargs[name] = _coerce(value, hints[name], key, source)
+        kwargs[name] = _coerce(value, hints[name], key, source)  # YAML 1.2: a bare on / off is a string
         if choices and kwargs[name] not in choices:
             raise ConfigError(f"{source}: '{key}' must be one of {choices}, got {kwargs[name]!r}")
     return cls(**kwargs)
@@ -295,26 +286,9 @@ def _set_dotted(data: dict, key: str, value: Any, source: str) -> None:
 
 
 def read_yaml(path: str | Path) -> dict:
-    """The mapping a YAML config file holds; a missing, unreadable, empty or non-mapping file is refused."""
+    """The mapping a YAML config file holds; anything but a regular file holding a mapping is refused."""
     sections = [f.name for f in dataclasses.fields(RunConfig) if not f.metadata.get("internal")]
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory; give a YAML file such as configs/tiny.yaml") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path} cannot be read: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    if data is None:
-        raise ConfigError(f"config file {path} is empty; it needs at least one of the sections {sections}")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections {sections}, "
-                          f"got a {type(data).__name__}")
-    return data
+    return read_mapping(path, "config file", f"sections {sections}")
 
 
 def _origins(data: dict, source: str, prefix: str = "") -> dict[str, str]:
@@ -471,9 +445,40 @@ def _require(cond: bool, cfg: RunConfig, msg: str, *keys: str) -> None:
         raise ConfigError(f"{where}: {msg}")
 
 
+# Longest accepted timeout: longer ones overflow the timedelta / millisecond counts the process groups,
+# the rendezvous store and the heartbeat are given (1e300 is finite), and a week already means "never".
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _number_in(cfg: RunConfig, key: str, value: float, lo: float, hi: float = math.inf, lo_open: bool = True,
+               why: str = "") -> None:
+    """Refuse a value that is not finite or lies outside (lo, hi] ([lo, hi] when not lo_open)."""
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi
+    bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi != math.inf else "")
+    _require(ok, cfg, f"'{key}' must be a finite number {bound}{why}, got {value!r}", key)
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """Value ranges the math and the launchers need: rope / YaRN settings, eps, timeouts."""
+    m, s, p = cfg.model, cfg.model.rope_scaling, cfg.parallel
+    for name in ("rope_theta", "compress_rope_theta"):  # log(base) divides: base 1 has no frequencies
+        _number_in(cfg, f"model.{name}", getattr(m, name), 1.0, why=" (a rotary base)")
+    _number_in(cfg, "model.rms_norm_eps", m.rms_norm_eps, 0.0)
+    _number_in(cfg, "model.rope_scaling.factor", s.factor, 0.0)
+    _number_in(cfg, "model.rope_scaling.original_max_position_embeddings", s.original_max_position_embeddings, 0)
+    _number_in(cfg, "model.rope_scaling.beta_slow", s.beta_slow, 0.0)
+    _number_in(cfg, "model.rope_scaling.beta_fast", s.beta_fast, 0.0)
+    _require(s.beta_fast > s.beta_slow, cfg, f"'model.rope_scaling.beta_fast'={s.beta_fast:g} must be greater than "
+             f"beta_slow={s.beta_slow:g} (YaRN blends between the two)",
+             "model.rope_scaling.beta_fast", "model.rope_scaling.beta_slow")
+    for name in ("timeout_s", "placement_timeout_s"):
+        _number_in(cfg, f"parallel.{name}", getattr(p, name), 0.0, MAX_TIMEOUT_S, why=" seconds")
+
+
 def validate(cfg: RunConfig) -> None:
-    """Cross-field checks: shapes the math needs, tp divisibility, workload and runtime bounds."""
+    """Cross-field checks: shapes the math needs, tp divisibility, value ranges, workload and runtime bounds."""
     m, p, r, w, g = cfg.model, cfg.parallel, cfg.runtime, cfg.workload, cfg.graph
+    _check_ranges(cfg)
     for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
                  "o_groups", "o_lora_rank", "sliding_window", "index_n_heads", "index_head_dim", "index_topk"):
         _require(getattr(m, name) > 0, cfg, f"'model.{name}' must be positive, got {getattr(m, name)}", f"model.{name}")
@@ -497,8 +502,6 @@ def validate(cfg: RunConfig) -> None:
              f"'parallel.tp'={p.tp} must divide num_attention_heads={m.num_attention_heads} and "
              f"o_groups={m.o_groups}; allowed values: {allowed_tp}",
              "parallel.tp", "model.num_attention_heads", "model.o_groups")
-    _require(p.timeout_s > 0 and p.placement_timeout_s > 0, cfg, "'parallel.*timeout_s' must be positive",
-             "parallel.timeout_s", "parallel.placement_timeout_s")
     _require(p.fail_rank is None or 0 <= p.fail_rank < p.tp, cfg,
              f"'parallel.fail_rank'={p.fail_rank} must be a rank in 0..{p.tp - 1} (parallel.tp={p.tp}) or null",
              "parallel.fail_rank", "parallel.tp")

@@ -136,3 +136,19 @@ if __name__ == "__main__":  # python -m tp_runtime.bench.roofline CONFIG [GiB] [
     print(f"tp={cfg.parallel.tp}, {len(cfg.model.layer_ids())} layers, {gib:g} GiB, 90% for weights + caches")
     print(fit_table(cfg.model, cfg.parallel.tp, dtype, int(gib * 2**30), [4096, 32768, 65536, 131072],
                     cfg.runtime.weight_format == "fp8"))
+
+
+def workspace_bytes(m: ModelConfig, tp: int, tokens: int, max_len: int, elem: int) -> int:
+    """Estimated bytes a rank needs besides weights and caches (memory_fit.py checks the sum before a run):
+    the rotary tables (window and compressed: max_len + 2 positions x Dr/2 complex64) and the activations of
+    one layer's step at `tokens` tokens, which the caching allocator keeps (eager) or the CUDA graph pool
+    holds (graphs: every capture size shares one pool, the largest decides). Per token: the hidden state a
+    few times (input, norm, output, all-reduce), q_lora, this rank's q and attention output [H/tp, D] (and a
+    roped copy), a KV row, the o_lora groups, the indexer queries, and fp32 scores over the window + top-K
+    per head and over the max_len / 4 indexer keys. A lower bound: more would refuse runs that fit."""
+    heads = m.num_attention_heads // tp
+    per_token = elem * (4 * m.hidden_size + m.q_lora_rank + 3 * heads * m.head_dim + 2 * m.head_dim
+                        + (m.o_groups // tp) * m.o_lora_rank + m.index_n_heads * m.index_head_dim)
+    per_token += FP32 * (heads * (m.sliding_window + m.index_topk) + max_len // 4)
+    rotary = 2 * (max_len + 2) * (m.qk_rope_head_dim // 2) * 8
+    return tokens * per_token + rotary

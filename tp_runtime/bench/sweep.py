@@ -27,6 +27,7 @@ from pathlib import Path
 from tp_runtime.bench.loop import bench_entry, partial_log
 from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
+from tp_runtime.bench.sweep_memory import check_sweep_memory
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
 from tp_runtime.parallel.launcher import run_on_ranks
@@ -104,6 +105,7 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
     try:
         sweep = load_sweep(config_path, overrides)
+        check_sweep_memory(sweep)
         check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ["WORLD_SIZE"])
     try:
         sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+        check_sweep_memory(sweep)
         if os.environ["RANK"] == "0":  # rank 0 writes the results
             check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
     except ConfigError as e:

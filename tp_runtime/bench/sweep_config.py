@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict, parse_override
+from tp_runtime.config import (ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict,
+                               parse_override, read_yaml)
+from tp_runtime.config_yaml import read_mapping
 from tp_runtime.weights.specs import check_fp8_shards
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
@@ -169,21 +170,13 @@ class SweepConfig:
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
     """Read a sweep YAML, apply command-line words, validate every Worker config it implies."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"sweep config {path} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a sweep config must be a mapping with keys {list(TOP_KEYS)}")
-    unknown = sorted(set(data) - set(TOP_KEYS))
+    data = read_mapping(path, "sweep config", f"the keys {list(TOP_KEYS)}")
+    unknown = sorted(set(data) - set(TOP_KEYS), key=str)
     if unknown:
         raise ConfigError(f"{path}: unknown key '{unknown[0]}'; allowed top-level keys: {list(TOP_KEYS)}")
     source = str(path)
     base = _base_mapping(data.get("base"), path)
-    grid = dict(data.get("grid") or {})
-    bench = dict(data.get("bench") or {})
+    grid, bench = _section(data, "grid", path), _section(data, "bench", path)
     name = data.get("name", path.stem)
     in_file = data.get("overrides") or []
     if not isinstance(in_file, list) or not all(isinstance(w, str) for w in in_file):
@@ -207,37 +200,34 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepCon
     return sweep
 
 
+def _section(data: dict, key: str, path: Path) -> dict:
+    """A copy of the mapping under `key` ({} when absent or null)."""
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: '{key}' must be a mapping, got {value!r}")
+    return dict(value)
+
+
 def _base_mapping(base: Any, sweep_path: Path) -> dict:
     if isinstance(base, dict):
         return copy.deepcopy(base)
     if not isinstance(base, str):
         raise ConfigError(f"{sweep_path}: 'base' must be a run config file or an inline mapping, got {base!r}")
-    file = _resolve(base, sweep_path)
-    data = _read_yaml(file)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{file}: a run config must be a mapping")
-    return data
+    return read_yaml(_resolve(base, sweep_path))
 
 
 def _resolve(name: str, sweep_path: Path | str) -> Path:
     """A file named by a sweep: relative to the sweep file first, then to the working directory."""
     for cand in (Path(sweep_path).parent / name, Path(name)):
-        if cand.is_file():
+        if cand.exists():  # what it is (a directory, a FIFO) the reader says, without opening it
             return cand
     raise ConfigError(f"{sweep_path}: file {name!r} not found (looked beside the sweep file and in the "
                       "working directory)")
 
 
-def _read_yaml(file: Path) -> Any:
-    try:
-        return yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{file}: not valid YAML ({e})") from None
-
-
 def _model_section(name: str, sweep_path: str) -> dict:
-    data = _read_yaml(_resolve(name, sweep_path))
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+    data = read_mapping(_resolve(name, sweep_path), "model file", "a 'model:' section")
+    if not isinstance(data.get("model"), dict):
         raise ConfigError(f"{sweep_path}: grid 'model_file' value {name!r} has no 'model:' section")
     return data["model"]
 
