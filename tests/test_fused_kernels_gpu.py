@@ -206,8 +206,10 @@ def test_gemv_no_rows_bad_input_and_own_counters():
 def test_use_triton_gemv_reads_one_table(monkeypatch):
     from tp_runtime.ops import gemv as gemv_module
     monkeypatch.setattr(gemv_module, "TRITON_GEMV_MAX_M", {(4096, 1024): 8})
+    monkeypatch.setattr(gemv_module, "TRITON_GEMV_NORM_MAX_M", {(8192, 1024): 2})
     assert use_triton_gemv(8, 4096, 1024) and not use_triton_gemv(9, 4096, 1024)
     assert not use_triton_gemv(1, 4096, 4096) and not use_triton_gemv(1, 4096, 1024, norm=True)
+    assert use_triton_gemv(2, 8192, 1024, norm=True) and not use_triton_gemv(2, 8192, 1024)
     assert not use_triton_gemv(0, 4096, 1024)
 
 

@@ -50,8 +50,13 @@ from tp_runtime.ops.linear import _rows, _store_or_sum, k_splits, tile_counters
 # Where the Triton GEMV replaces cuBLAS: (N, K) -> the largest M up to which it was faster inside a CUDA
 # graph (benchmarks/gemv_bf16.py prints these tables from its measurements); NORM: with the norm prologue,
 # against ops/rms_norm.py's kernel followed by cuBLAS. Empty until measured: every GEMM stays on cuBLAS.
-TRITON_GEMV_MAX_M: dict[tuple[int, int], int] = {}
-TRITON_GEMV_NORM_MAX_M: dict[tuple[int, int], int] = {}
+# (N, K) -> the largest M at which `gemv` beat cuBLAS (norm: RMSNorm kernel + cuBLAS) at every M up to it, without
+# PDL, inside CUDA graphs on one H200 (benchmarks/gemv_bf16.py; results/h200-2026-12-01-tp-scaling/kernels/). At
+# Flash dims cuBLAS wins nearly everywhere from M = 2; the Triton kernel wins at M = 1 on narrow shapes: wx of
+# window-only layers (1536 x 4096, 0.96x), wq_b and wo_b at tp 8 (4096 x 1024, 0.99x; 0.88x with PDL), and behind
+# q_norm wq_b at tp 8 (0.92x) and the indexer's wq_b (8192 x 1024, 0.92x; 0.84x with PDL).
+TRITON_GEMV_MAX_M: dict[tuple[int, int], int] = {(1536, 4096): 1, (4096, 1024): 1}
+TRITON_GEMV_NORM_MAX_M: dict[tuple[int, int], int] = {(4096, 1024): 1, (8192, 1024): 1}
 
 
 def use_triton_gemv(m: int, n: int, k: int, norm: bool = False) -> bool:
