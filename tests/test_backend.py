@@ -5,7 +5,9 @@
 - the stack hands one backend object to every module that launches kernels, and no model module
   branches on the backend's name;
 - the torch backend's stack (every break scope) gives, bit for bit, what the torch twins composed by
-  hand give: the layers route each kernel call to the twin with the same arguments, in the same order.
+  hand give: the layers route each kernel call to the twin with the same arguments, in the same order;
+- runtime.streams is checked, a CPU runs one stream, and stage B's two-stream schedule (its code path run
+  in program order) gives the one-stream values bit for bit. On a GPU: tests/test_full_graph_gpu.py.
 The Triton backend's kernels against the torch twins: tests/test_prep_kernels_gpu.py and the other
 GPU-marked kernel tests.
 """
@@ -25,6 +27,7 @@ from tp_runtime.engine.shard import ModelShard
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import ring_length
 from tp_runtime.model.stack import AttentionStack
+from tp_runtime.model.streams import INLINE, Inline
 from tp_runtime.ops import select, torch_path as tp
 from tp_runtime.ops.select import KernelBackend, select_backend
 from tp_runtime.ops.torch_path import TorchBackend
@@ -146,3 +149,40 @@ def test_torch_backend_stack_equals_its_twins_bit_for_bit(scope):
         assert torch.equal(mine.window, twin.window)
         assert mine.compressed is None or torch.equal(mine.compressed, twin.compressed)
         assert mine.index_keys is None or torch.equal(mine.index_keys, twin.index_keys)
+
+
+# ------------------------------------------------------------------ stage B's streams (runtime.streams)
+
+
+class _OverlapInPlace(Inline):
+    """The two-stream schedule's code path run in program order on the CPU (SideStream needs CUDA): the
+    indexer query roped on its own, apart from the heads launch."""
+
+    overlaps = True
+
+
+def test_streams_setting_is_checked_and_a_cpu_runs_one():
+    assert load_config(TINY).runtime.streams == 2
+    assert load_config(TINY, ["runtime.streams=1"]).runtime.streams == 1
+    with pytest.raises(ConfigError, match=r"'runtime\.streams' must be one of \[1, 2\], got 3"):
+        load_config(TINY, ["runtime.streams=3"])
+    stack = AttentionStack(load_config(TINY).model, single_process(CPU), 64, torch.float32, CPU, streams=2)
+    assert stack.side is None and stack.streams == 1
+    assert all(blk.attn.side is INLINE for blk in stack.layers.values())
+
+
+def test_two_stream_schedule_gives_the_one_stream_values_bit_for_bit():
+    cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2"])
+    one, two = (ModelShard.build(cfg, single_process(CPU)) for _ in range(2))
+    for blk in two.stack.layers.values():
+        if blk.attn.ratio:
+            blk.attn.side = _OverlapInPlace()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for plan in STEPS:
+            x = torch.randn(plan.n_tokens, cfg.model.hidden_size, generator=g)
+            outs = []
+            for shard in (one, two):
+                shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
+                outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
+            assert torch.equal(*outs), plan

@@ -134,6 +134,10 @@ class RuntimeConfig:
     # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,
     # else torch). The resolved choice is named in every run report and bench record.
     kernels: str = field(default="auto", metadata=_choices("auto", "torch", "triton"))
+    # Streams of stage B on CUDA: 2 runs each compressed layer's indexer and compressor branch on a side
+    # stream beside wq_b and the query heads, joined before the attention (README "CUDA graphs"); 1 runs
+    # everything on one stream. The CPU always runs one; both give the same values.
+    streams: int = field(default=2, metadata={"choices": [1, 2]})
 
 
 @dataclass

@@ -5,8 +5,11 @@
             -> stage C (grouped wo_a, row-parallel wo_b, the layer's single all-reduce)
 
 Every kernel comes from the stack's one kernel backend (ops/select.py: torch or Triton, same methods);
-`stage_b` is the layer's decode schedule: which kernels, in what order. The narrow scope cuts it at its
-break (`prepare`, `attend`, `commit`). The math, op by op: README "What one layer computes".
+`stage_b` is the layer's decode schedule: which kernels, on which stream, in what order. Where stage B runs
+whole (a full graph; the wide and hoisted breaks, eagerly) its compressor and indexer branch may run on a
+side stream beside the query branch (model/streams.py, runtime.streams). The narrow scope cuts stage B at
+its break (`prepare`, `attend`, `commit`) and keeps one stream: its indexer branch would straddle a
+captured segment and the break. The math, op by op: README "What one layer computes".
 
 `break_scope` places the break: "wide" breaks around stages A and B (DSV4 before vLLM PR 44561);
 "hoisted" captures stage A and breaks around stage B (that change); "narrow" also captures what
@@ -34,6 +37,7 @@ from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear
+from tp_runtime.model.streams import INLINE, Inline, SideStream
 from tp_runtime.ops.linear import grouped_linear
 from tp_runtime.ops.select import KernelBackend
 from tp_runtime.ops.torch_path import write_ring
@@ -91,8 +95,9 @@ def x_gemms(cfg: ModelConfig, ratio: int, fp8: bool) -> list[tuple[str, bool, li
 
 class DSV4Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
-                 backend: KernelBackend, fp8: bool = False):
-        """backend: the stack's kernels (ops/select.py), shared by every layer."""
+                 backend: KernelBackend, fp8: bool = False, side: SideStream | None = None):
+        """backend: the stack's kernels (ops/select.py), shared by every layer; side: the stack's side stream
+        (None: one stream), used by layers with a compressor (a window-only layer has no second branch)."""
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
@@ -101,6 +106,7 @@ class DSV4Attention(nn.Module):
         self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
         self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
         self.backend = backend
+        self.side: SideStream | Inline = side if side is not None and ratio else INLINE
         # Every projection of x in one replicated GEMM (two with FP8 weights: x_gemms).
         self.x_gemms = [(name, [w for _, w in rows]) for name, _, rows in x_gemms(cfg, ratio, fp8)]
         self.x_names = [n for _, _, rows in x_gemms(cfg, ratio, fp8) for n, _ in rows]
@@ -146,24 +152,40 @@ class DSV4Attention(nn.Module):
         """Stage B of one step, the layer's schedule top to bottom; writes the attention output into out.
         T tokens (n real: a host int), Hl heads of D dims, Ih indexer heads of Id dims, K picks.
 
-            compressor: this step's completed entries -> cache.compressed                          r > 0
-            indexer compressor: keys -> cache.index_keys                                           r = 4
-            wq_b: qr [T, Rq] -> q [T, Hl, D]
-            indexer wq_b: qr -> idx_q [T, Ih, Id]                                                  r = 4
-            heads, one launch: q per-head normed + roped, kv [T, D] roped into the window's dtype,
-              idx_q roped
-            indexer scores + top-K -> picks [n, K]                                                 r = 4
-            sparse attention with sink over each token's W window and C compressed rows, inverse
-              rotary -> out [n, Hl*D] (padding rows zero)
-            window ring write of kv (after attention: the gathers read the ring's older rows)
+          main stream                                   side stream (self.side)
+          fork --------------------------------------->   compressor: entries -> cache.compressed        r > 0
+                                                           indexer compressor: keys -> cache.index_keys  r = 4
+          wq_b: qr [T, Rq] -> q [T, Hl, D]
+          indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4
+          fork --------------------------------------->   rotary of idx_q                               r = 4
+          heads, one launch: q per-head normed + roped,    indexer scores + top-K -> picks [n, K]        r = 4
+            kv [T, D] roped into the window's dtype
+          join <---------------------------------------
+          sparse attention with sink over each token's W window and C compressed rows, inverse rotary
+            -> out [n, Hl*D] (padding rows zero)
+          window ring write of kv (after attention: the gathers read the ring's older rows)
+
+        Every weight GEMM stays on the main stream: they are bound by memory bandwidth (two at once gain
+        little) and the FP8 GEMMs of one device share their split-K counters (ops/linear.py). With one
+        stream (self.side is Inline: CPU, runtime.streams=1, window-only layers) the side work runs in place
+        in this order, and the heads launch also ropes idx_q: the same values, one launch fewer.
         """
-        b = live.batch
+        b, side = live.batch, self.side
         cis = b.ix.cis[self.rope_kind]  # [T, Dr/2] at each token's position
-        self.compress(a, b, cache)
+        side.fork()
+        with side.branch():
+            self.compress(a, b, cache)
         q = self.query(a.qr)
         idx_q = self.indexer.query(a.qr) if self.indexer is not None else None
-        q, kv, idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype, idx_q)
-        picks = self.indexer.select(idx_q, a.idx_w, b, cache) if self.indexer is not None else None
+        side.fork()
+        q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
+                                                None if side.overlaps else idx_q)
+        with side.branch():
+            picks = None
+            if self.indexer is not None:
+                idx_q = self.backend.rotary(idx_q, cis) if side.overlaps else fused_idx_q
+                picks = self.indexer.select(idx_q, a.idx_w, b, cache)
+        side.join()
         self.attention(q, kv, picks, b, cache, out)
         write_ring(cache.window, kv, b.ix.rings[self.W])
 
