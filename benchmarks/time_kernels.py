@@ -28,7 +28,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tp_runtime.config import ModelConfig  # noqa: E402
-from tp_runtime.model.attention import sparse_attention_torch  # noqa: E402
+from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_torch  # noqa: E402
 from tp_runtime.model.rope import RotaryTable  # noqa: E402
 from tp_runtime.model.step_index import ring_index  # noqa: E402
 from tp_runtime.ops import torch_path  # noqa: E402

@@ -32,6 +32,8 @@ from tp_runtime.model.cache import RingState, ring_length
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import StepIndex, block_index, ring_index
+from tp_runtime.ops.torch_path import TorchBackend
+from tp_runtime.ops.triton_path import TritonBackend
 
 triton = pytest.importorskip("triton")
 
@@ -81,7 +83,7 @@ class Case:
                  dr: int = FLASH.qk_rope_head_dim):
         self.g = torch.Generator(device=DEV).manual_seed(seed)
         self.ratio, self.D, self.dtype, self.trash, self.dr = ratio, D, dtype, slots, dr
-        self.mods = [Compressor(ratio, D, FLASH.rms_norm_eps, dtype, DEV, kernels=k) for k in ("torch", "triton")]
+        self.mods = [Compressor(ratio, D, FLASH.rms_norm_eps, dtype, DEV, b) for b in (TorchBackend(), TritonBackend())]
         ape = self.randn(*self.mods[0].ape.shape, scale=0.5)
         w = 1 + self.randn(D, scale=0.1)
         for m in self.mods:

@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
-from tp_runtime.model.attention import heads_torch
+from tp_runtime.ops.torch_path import heads as torch_heads
 from tp_runtime.ops import torch_path
 from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
                                       row_bytes)
@@ -265,7 +265,7 @@ def test_prepare_heads_quantizes_the_kv_row(dtype, D, dr):
     kv[0] = 0.0
     ang = torch.arange(T, device=DEV)[:, None] * 10.0 ** -torch.arange(dr // 2, device=DEV)[None].float()
     cis = torch.polar(torch.ones_like(ang), ang)
-    _, ref, _ = heads_torch(q, None, kv, cis, EPS, torch.uint8)
+    _, ref, _ = torch_heads(q, kv, cis, EPS, torch.uint8)
     out = torch.full((T, row_bytes(D, dr)), 0xAB, dtype=torch.uint8, device=DEV)  # poisoned: padding written
     prepare_heads(q.clone(), kv, out, cis, EPS, None)
     check_bytes_close(out, ref, lambda b: dequantize_rows(b, D, dr))

@@ -2,6 +2,7 @@
 
 Run on a machine with GPUs: `pytest -m gpu tests/test_full_graph_gpu.py` (two GPUs for the tp = 2 case).
 The CPU twin (tests/test_full_decode.py) checks the same static path run eagerly against the dynamic one.
+Stage B on two streams (runtime.streams=2, the default) against one, in full and breakable graphs: below.
 """
 
 from __future__ import annotations
@@ -74,3 +75,77 @@ def test_tp2_check_full():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = last_json(proc.stdout)
     assert rec["ok"] and "full_vs_eager" in rec["comparisons"] and rec["steps_by_path"]["full"] > 0
+
+
+# ------------------------------------------------------------------ stage B on two streams (runtime.streams)
+
+
+def _same_bits(a, b) -> bool:
+    return a.outputs.keys() == b.outputs.keys() and all(torch.equal(a.outputs[k], b.outputs[k]) for k in a.outputs)
+
+
+def test_side_stream_fork_and_join_inside_a_captured_graph():
+    # The fork / branch / join of model/streams.py captured into one graph: the branch's kernels join the
+    # capture, its allocation comes from the graph's pool, and a replay reads the inputs of the moment.
+    from tp_runtime.model.streams import SideStream
+
+    dev = torch.device("cuda")
+    side, x = SideStream(dev), torch.randn(1 << 20, device=dev)
+
+    def step() -> torch.Tensor:
+        side.fork()
+        with side.branch():
+            y = x * 2  # side stream
+        z = x + 1  # main stream, concurrently
+        side.join()
+        return y + z
+
+    capture = torch.cuda.Stream(dev)
+    capture.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(capture):
+        assert torch.equal(step(), x * 3 + 1)  # warm-up, eagerly on the capture stream
+    torch.cuda.current_stream(dev).wait_stream(capture)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture):
+        out = step()
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize(dev)
+    assert torch.equal(out, x * 3 + 1)
+
+
+@pytest.mark.parametrize("kernels", ["triton", "torch"])
+def test_two_stream_full_graph_equals_one_stream_and_eager(kernels):
+    # Replayed at contexts 1..510 (the edges above): two streams give the one-stream graph's outputs bit for
+    # bit (the same kernels on the same shapes; only their streams differ), and the eager path's within TOL.
+    cfg = load_config(TINY, ["parallel.tp=1", "graph.mode=full", "graph.capture_sizes=[8,4,2,1]",
+                             f"runtime.kernels={kernels}", "runtime.streams=2", *GPU_EDGES])
+    two = in_process(cfg, keep_outputs=True)
+    one = in_process(_with_runtime(cfg, streams=1), keep_outputs=True)
+    eager = in_process(_with(_with_runtime(cfg, streams=2), mode="eager"), keep_outputs=True)
+    assert two.steps_by_path["full"] == one.steps_by_path["full"] == max(DECODES) == two.replays_by_size.get(8, 0)
+    assert _same_bits(two, one)
+    assert max_rel_err(two.outputs, eager.outputs) <= TOL
+    assert max_rel_err(two.outputs, reference_outputs(cfg, list(two.outputs))) <= TOL
+
+
+@pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])
+def test_breakable_scopes_with_two_streams(scope):
+    # Stage B runs on two streams inside the wide and hoisted breaks (eagerly, between segments); the narrow
+    # scope keeps one. Every scope replays the one-stream outputs bit for bit and the eager ones within TOL.
+    cfg = load_config(TINY, ["parallel.tp=1", "runtime.device=cuda", "graph.mode=breakable",
+                             f"graph.break_scope={scope}", "runtime.streams=2", "workload.requests=6",
+                             "workload.prompt_len=[3, 90]", "workload.decode_len=[1, 20]", "runtime.max_seqs=6"])
+    two = in_process(cfg, keep_outputs=True)
+    one = in_process(_with_runtime(cfg, streams=1), keep_outputs=True)
+    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    assert two.steps_by_path.get("breakable", 0) > 0
+    assert _same_bits(two, one)
+    assert max_rel_err(two.outputs, eager.outputs) <= TOL
+
+
+def _with_runtime(cfg, **runtime):
+    out = copy.deepcopy(cfg)
+    for k, v in runtime.items():
+        setattr(out.runtime, k, v)
+    return out

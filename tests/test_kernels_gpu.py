@@ -24,7 +24,7 @@ import torch
 from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
 from tp_runtime.config import ModelConfig
-from tp_runtime.model.attention import sparse_attention_torch
+from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_torch
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import ring_index
 from tp_runtime.ops import torch_path

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tp_runtime.config import load_config
-from tp_runtime.model.rope import RotaryTable, apply_rotary, inv_frequencies, yarn_correction_range
-from tp_runtime.ops.torch_path import indexer_topk, sparse_attention
+from tp_runtime.model.rope import RotaryTable, inv_frequencies, yarn_correction_range
+from tp_runtime.ops.torch_path import apply_rotary, indexer_topk, sparse_attention
 from tp_runtime.verify.reference import _frequencies
 from conftest import TINY_PATH as TINY
 
@@ -133,38 +133,3 @@ def test_step_index_rings_and_blocks_for_a_chunk_and_a_decode_token():
     done = [p for p, s in zip(pos.tolist(), blk.emit_slot.tolist()) if s != trash]
     assert done == [7, 11] and blk.block[10].item() == 5 and blk.n_done[10].item() == 5
     assert torch.equal(blk.cis, table.at(blk.block * 4)) and blk.phase[10].item() == 0
-
-
-def test_kernels_pick_norms_and_heads_once_at_construction():
-    # The triton build differs from the torch build only in the functions chosen at construction: every
-    # norm but the compressors' own, and the heads of prepare. Building it needs no GPU.
-    from tp_runtime.model import attention, layers
-    from tp_runtime.model.stack import AttentionStack
-    from tp_runtime.ops import rms_norm as triton_norm
-    from tp_runtime.parallel.group import single_process
-
-    cfg, cpu = load_config(TINY).model, torch.device("cpu")
-    for kernels, norm, heads in (("torch", layers.rms_norm, attention.heads_torch),
-                                 ("triton", triton_norm.rms_norm, attention.heads_triton)):
-        stack = AttentionStack(cfg, single_process(cpu), 64, torch.float32, cpu, kernels)
-        for blk in stack.layers.values():
-            assert blk.attn_norm._norm is norm and blk.attn.q_norm._norm is norm and blk.attn.kv_norm._norm is norm
-            assert blk.attn._heads is heads
-            comps = [m for m in (blk.attn.compressor, blk.attn.indexer and blk.attn.indexer.compressor) if m]
-            assert all(c.norm._norm is layers.rms_norm for c in comps)
-        assert {blk.attn.ratio for blk in stack.layers.values()} == {0, 4, 128}
-
-
-def test_compressors_pick_their_stage_b_once_at_construction():
-    # Both compressors of a layer (its own and the indexer's) take the stack's kernels; building needs no GPU.
-    from tp_runtime.model.compressor import compress_torch
-    from tp_runtime.model.stack import AttentionStack
-    from tp_runtime.ops.compressor_pool import compress_pool
-    from tp_runtime.parallel.group import single_process
-
-    cfg, cpu = load_config(TINY).model, torch.device("cpu")
-    for kernels, stage_b in (("torch", compress_torch), ("triton", compress_pool)):
-        stack = AttentionStack(cfg, single_process(cpu), 64, torch.float32, cpu, kernels)
-        comps = [m for blk in stack.layers.values()
-                 for m in (blk.attn.compressor, blk.attn.indexer and blk.attn.indexer.compressor) if m]
-        assert len(comps) >= 2 and all(c._stage_b is stage_b for c in comps)

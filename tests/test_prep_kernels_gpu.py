@@ -28,9 +28,11 @@ from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 from conftest import TINY_PATH as TINY
 
 from tp_runtime.config import ModelConfig, load_config
-from tp_runtime.model.attention import DSV4Attention, heads_torch
-from tp_runtime.model.layers import rms_norm as torch_rms_norm
+from tp_runtime.model.attention import DSV4Attention
 from tp_runtime.model.rope import inv_frequencies
+from tp_runtime.ops.select import KernelBackend
+from tp_runtime.ops.torch_path import TorchBackend, apply_rotary, heads as twin_heads, rms_norm as torch_rms_norm
+from tp_runtime.ops.triton_path import TritonBackend
 from tp_runtime.parallel.group import TPGroup
 
 triton = pytest.importorskip("triton")
@@ -120,8 +122,8 @@ def heads_case(T, n_heads, dtype, seed, pos, D=512, Ih=64, Id=128, dr=64, cis=No
 
 
 def torch_heads(q, kv, idx_q, cis, kv_dtype):
-    """DSV4Attention.prepare's torch composition."""
-    return heads_torch(q, idx_q, kv, cis, EPS, kv_dtype)
+    """The torch backend's heads (ops/torch_path.py)."""
+    return twin_heads(q, kv, cis, EPS, kv_dtype, idx_q)
 
 
 def run_heads(q, kv, idx_q, cis, kv_dtype):
@@ -180,11 +182,26 @@ def test_prepare_heads_tiny_dims():
     run_heads(q, kv, idx_q, cis, kv.dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,Ih,Id,dr", [(1, 64, 128, 64), (3, 8, 16, 8)] + ([] if INTERPRET else [(512, 64, 128, 64)]))
+def test_rotary_alone_matches_torch(T, Ih, Id, dr, dtype):
+    # The Triton backend's rotary (the indexer query on the side stream): prepare_heads with no query heads
+    # ropes x in place, and equals the torch twin; the same values as x riding along in the heads launch.
+    q, kv, idx_q, cis = heads_case(T, 4, dtype, seed=T + Id, pos=positions(T, "big"), Ih=Ih, Id=Id, dr=dr)
+    x = idx_q.clone()
+    got = TritonBackend().rotary(x, cis)
+    assert got is x  # in place
+    check_close(got, apply_rotary(idx_q, cis))
+    _, _, fused = run_heads(q, kv, idx_q, cis, kv.dtype)
+    assert torch.equal(got, fused)
+
+
 # ------------------------------------------------------------------ the layer's wiring
 
 
-def _layer(cfg: ModelConfig, ratio: int, tp: int, dtype: torch.dtype, kernels: str, seed: int) -> DSV4Attention:
-    layer = DSV4Attention(cfg, ratio, TPGroup(rank=0, size=tp, device=DEV), dtype, DEV, kernels)
+def _layer(cfg: ModelConfig, ratio: int, tp: int, dtype: torch.dtype, backend: KernelBackend,
+           seed: int) -> DSV4Attention:
+    layer = DSV4Attention(cfg, ratio, TPGroup(rank=0, size=tp, device=DEV), dtype, DEV, backend)
     g = _gen(seed)
     with torch.no_grad():
         for name, p in layer.named_parameters():
@@ -200,17 +217,20 @@ LAYER_CASES = [("tiny", 4, 2), ("tiny", 0, 2)] + ([] if INTERPRET else [("flash"
 
 @pytest.mark.parametrize("dims,ratio,tp", LAYER_CASES)
 def test_layer_stage_a_and_heads_match_the_torch_path(dims, ratio, tp):
-    # The same weights built for both kernels: stage A's norms and the heads of prepare agree.
+    # The same weights built for both backends: stage A's norms and the heads of stage B agree.
     cfg = load_config(TINY).model if dims == "tiny" else FLASH
     dtype = torch.float32 if INTERPRET or dims == "tiny" else torch.bfloat16
-    ref_layer, layer = (_layer(cfg, ratio, tp, dtype, k, seed=ratio) for k in ("torch", "triton"))
+    ref_layer, layer = (_layer(cfg, ratio, tp, dtype, b, seed=ratio) for b in (TorchBackend(), TritonBackend()))
     x = torch.randn(7, cfg.hidden_size, generator=_gen(1), device=DEV).to(dtype)
     a, ra = layer.stage_a(x), ref_layer.stage_a(x)
     check_close(a.qr, ra.qr)
     check_close(a.kv, ra.kv)
     cis = cis_at(positions(7, "big"), cfg.qk_rope_head_dim)
-    got = layer._heads(*layer.head_projections(ra.qr), ra.kv, cis, layer.eps, dtype)
-    ref = heads_torch(*ref_layer.head_projections(ra.qr), ra.kv, cis, ref_layer.eps, dtype)
+
+    def heads(m: DSV4Attention):
+        return m.backend.heads(m.query(ra.qr), ra.kv, cis, m.eps, dtype, m.indexer.query(ra.qr) if m.indexer else None)
+
+    got, ref = heads(layer), heads(ref_layer)
     assert (got[2] is None) == (ratio != 4)
     for g, r in zip(got, ref):
         if r is not None:

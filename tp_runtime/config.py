@@ -136,6 +136,10 @@ class RuntimeConfig:
     # on: needs CUDA compute capability >= 9.0 and a Triton with launch_pdl (refused elsewhere) | auto (on
     # where those hold) | off.
     pdl: str = field(default="auto", metadata=_choices("auto", "on", "off"))
+    # Streams of stage B on CUDA: 2 runs each compressed layer's indexer and compressor branch on a side
+    # stream beside wq_b and the query heads, joined before the attention (README "CUDA graphs"); 1 runs
+    # everything on one stream. The CPU always runs one; both give the same values.
+    streams: int = field(default=2, metadata={"choices": [1, 2]})
 
 
 @dataclass

@@ -17,7 +17,7 @@ from tp_runtime.engine.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.stack import AttentionStack
-from tp_runtime.ops.select import resolve_kernels
+from tp_runtime.ops.select import select_backend
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.weights.fill import fill_weights
 
@@ -74,9 +74,11 @@ class ModelShard:
         """Build the stack shard, draw or load its weights, allocate caches and buffers."""
         rt, device = cfg.runtime, tp.device
         dtype = resolve_dtype(rt.dtype, device)
-        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, resolve_kernels(rt.kernels, device, dtype),
-                               fp8=uses_fp8_weights(cfg, device), fp8_cache=uses_fp8_cache(cfg, device),
-                               round_x=rt.fp8_activations == "e4m3")
+        # The one place the kernel backend is chosen; programmatic dependent launch joins it here, resolved.
+        backend = select_backend(rt.kernels, device, dtype, pdl=False)
+        stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, backend, fp8=uses_fp8_weights(cfg, device),
+                               fp8_cache=uses_fp8_cache(cfg, device), round_x=rt.fp8_activations == "e4m3",
+                               streams=rt.streams)
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         # This rank's parameter bytes as held (FP8 values and scale bytes, or the run dtype): load_param_bytes.
         load_report.setdefault("param_bytes", sum(p.numel() * p.element_size() for p in stack.parameters()))

@@ -4,6 +4,13 @@
             -> stage B behind an eager break (positions, caches, compressor, indexer, sparse attention)
             -> stage C (grouped wo_a, row-parallel wo_b, the layer's single all-reduce)
 
+Every kernel comes from the stack's one kernel backend (ops/select.py: torch or Triton, same methods);
+`stage_b` is the layer's decode schedule: which kernels, on which stream, in what order. Where stage B runs
+whole (a full graph; the wide and hoisted breaks, eagerly) its compressor and indexer branch may run on a
+side stream beside the query branch (model/streams.py, runtime.streams). The narrow scope cuts stage B at
+its break (`prepare`, `attend`, `commit`) and keeps one stream: its indexer branch would straddle a
+captured segment and the break. The math, op by op: README "What one layer computes".
+
 `break_scope` places the break: "wide" breaks around stages A and B (DSV4 before vLLM PR 44561);
 "hoisted" captures stage A and breaks around stage B (that change); "narrow" also captures what
 needs only device metadata (wq_b, q/kv rotary, compressors, indexer query, window ring write) and
@@ -29,14 +36,11 @@ from tp_runtime.model.batch import LiveBatch, StepBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.indexer import Indexer
-from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear, rms_norm
-from tp_runtime.model.rope import apply_rotary
-from tp_runtime.model.step_index import RingIndex
-from tp_runtime.ops.cache_fp8 import dequantize_rows, quantize_rows, row_bytes
-from tp_runtime.ops.linear import fp8_linear, grouped_linear
-from tp_runtime.ops.rope import prepare_heads
-from tp_runtime.ops.sparse_attention import sparse_attention_sink
-from tp_runtime.ops.torch_path import gather_rows, sparse_attention, token_chunks, write_ring
+from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear
+from tp_runtime.model.streams import INLINE, Inline, SideStream
+from tp_runtime.ops.linear import grouped_linear
+from tp_runtime.ops.select import KernelBackend
+from tp_runtime.ops.torch_path import write_ring
 from tp_runtime.parallel.group import TPGroup
 
 
@@ -91,7 +95,9 @@ def x_gemms(cfg: ModelConfig, ratio: int, fp8: bool) -> list[tuple[str, bool, li
 
 class DSV4Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
-                 kernels: str = "torch", fp8: bool = False):
+                 backend: KernelBackend, fp8: bool = False, side: SideStream | None = None):
+        """backend: the stack's kernels (ops/select.py), shared by every layer; side: the stack's side stream
+        (None: one stream), used by layers with a compressor (a window-only layer has no second branch)."""
         super().__init__()
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
         self.ratio, self.D, self.W = ratio, D, cfg.sliding_window
@@ -99,24 +105,23 @@ class DSV4Attention(nn.Module):
         self.n_local_groups = G // tp.size
         self.eps, self.scale = cfg.rms_norm_eps, D ** -0.5
         self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
+        self.backend = backend
+        self.side: SideStream | Inline = side if side is not None and ratio else INLINE
         # Every projection of x in one replicated GEMM (two with FP8 weights: x_gemms).
         self.x_gemms = [(name, [w for _, w in rows]) for name, _, rows in x_gemms(cfg, ratio, fp8)]
         self.x_names = [n for _, _, rows in x_gemms(cfg, ratio, fp8) for n, _ in rows]
         for name, is_fp8, rows in x_gemms(cfg, ratio, fp8):
-            self.add_module(name, ReplicatedLinear(cfg.hidden_size, sum(w for _, w in rows), dtype, device, is_fp8))
-        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device, kernels)
-        self.kv_norm = RMSNorm(D, self.eps, dtype, device, kernels)
-        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device, fp8)  # by heads
+            self.add_module(name, ReplicatedLinear(cfg.hidden_size, sum(w for _, w in rows), dtype, device, backend,
+                                                   is_fp8))
+        self.q_norm = RMSNorm(cfg.q_lora_rank, self.eps, dtype, device, backend)
+        self.kv_norm = RMSNorm(D, self.eps, dtype, device, backend)
+        self.wq_b = ColumnParallelLinear(cfg.q_lora_rank, H * D, tp, dtype, device, backend, fp8)  # by heads
         self.attn_sink = nn.Parameter(torch.empty(self.n_local_heads, dtype=torch.float32, device=device),
                                       requires_grad=False)
-        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device, fp8)  # by groups
-        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device, fp8)
-        self.compressor = Compressor(ratio, D, self.eps, dtype, device, kernels) if ratio else None
-        self.indexer = Indexer(cfg, dtype, device, kernels, fp8) if ratio == 4 else None
-        # Steps 9-11 (ops/select.py): the torch composition or the fused kernel; same signature and meaning.
-        self._sparse_attention = sparse_attention_sink if kernels == "triton" else sparse_attention_torch
-        # q norm + rotary, kv and indexer-query rotary: the torch composition or one launch (ops/rope.py).
-        self._heads = heads_triton if kernels == "triton" else heads_torch
+        self.wo_a = ColumnParallelLinear(H * D // G, G * cfg.o_lora_rank, tp, dtype, device, backend, fp8)  # groups
+        self.wo_b = RowParallelLinear(G * cfg.o_lora_rank, cfg.hidden_size, tp, dtype, device, backend, fp8)
+        self.compressor = Compressor(ratio, D, self.eps, dtype, device, backend) if ratio else None
+        self.indexer = Indexer(cfg, dtype, device, backend, fp8) if ratio == 4 else None
 
     # ------------------------------------------------------------ forward
 
@@ -144,44 +149,101 @@ class DSV4Attention(nn.Module):
         return StageA(self.q_norm(y["wq_a"]), self.kv_norm(y["wkv"]), *comp, *idx)
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
-        """Steps 4-11 for the current step; writes the attention output into out."""
-        p = self.prepare(a, live.batch, cache)
-        self.attend(p, live, cache, out)
-        self.commit(p, live.batch, cache)
+        """Stage B of one step, the layer's schedule top to bottom; writes the attention output into out.
+        T tokens (n real: a host int), Hl heads of D dims, Ih indexer heads of Id dims, K picks.
+
+          main stream                                   side stream (self.side)
+          fork --------------------------------------->   compressor: entries -> cache.compressed        r > 0
+                                                           indexer compressor: keys -> cache.index_keys  r = 4
+          wq_b: qr [T, Rq] -> q [T, Hl, D]
+          indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4
+          fork --------------------------------------->   rotary of idx_q                               r = 4
+          heads, one launch: q per-head normed + roped,    indexer scores + top-K -> picks [n, K]        r = 4
+            kv [T, D] roped into the window's dtype
+          join <---------------------------------------
+          sparse attention with sink over each token's W window and C compressed rows, inverse rotary
+            -> out [n, Hl*D] (padding rows zero)
+          window ring write of kv (after attention: the gathers read the ring's older rows)
+
+        Every weight GEMM stays on the main stream: they are bound by memory bandwidth (two at once gain
+        little) and the FP8 GEMMs of one device share their split-K counters (ops/linear.py). With one
+        stream (self.side is Inline: CPU, runtime.streams=1, window-only layers) the side work runs in place
+        in this order, and the heads launch also ropes idx_q: the same values, one launch fewer.
+        """
+        b, side = live.batch, self.side
+        cis = b.ix.cis[self.rope_kind]  # [T, Dr/2] at each token's position
+        side.fork()
+        with side.branch():
+            self.compress(a, b, cache)
+        q = self.query(a.qr)
+        idx_q = self.indexer.query(a.qr) if self.indexer is not None else None
+        side.fork()
+        q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
+                                                None if side.overlaps else idx_q)
+        with side.branch():
+            picks = None
+            if self.indexer is not None:
+                idx_q = self.backend.rotary(idx_q, cis) if side.overlaps else fused_idx_q
+                picks = self.indexer.select(idx_q, a.idx_w, b, cache)
+        side.join()
+        self.attention(q, kv, picks, b, cache, out)
+        write_ring(cache.window, kv, b.ix.rings[self.W])
+
+    # ------------------------------------------------------------ stage B cut at the narrow break
 
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
-        """Steps 4-8 up to the indexer query, on all T tokens: reads only device metadata, so a
-        graph may capture it. Emits compressed entries and indexer keys into the caches."""
-        q, kv, idx_q = self._heads(*self.head_projections(a.qr), a.kv, b.ix.cis[self.rope_kind], self.eps,
-                                   cache.window.dtype)
+        """stage_b up to the top-K, on one stream, for all T tokens: reads only device metadata, so the
+        narrow scope captures it. Emits compressed entries and indexer keys into the caches."""
+        q = self.query(a.qr)
+        idx_q = self.indexer.query(a.qr) if self.indexer is not None else None
+        q, kv, idx_q = self.backend.heads(q, a.kv, b.ix.cis[self.rope_kind], self.eps, cache.window.dtype, idx_q)
+        self.compress(a, b, cache)
+        return Prepared(q, kv, idx_q, a.idx_w)
+
+    def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
+        """The narrow scope's break: top-K and the sparse attention, sized by host metadata."""
+        b = live.batch
+        picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
+        self.attention(p.q, p.kv, picks, b, cache, out)
+
+    def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
+        """The window ring write, after attention. p.kv is already in the ring's dtype: one indexed store."""
+        write_ring(cache.window, p.kv, b.ix.rings[self.W])
+
+    # ------------------------------------------------------------ the parts of stage B
+
+    def query(self, qr: torch.Tensor) -> torch.Tensor:
+        """wq_b: qr [T, Rq] -> q [T, Hl, D], unroped (a fresh buffer, which the Triton backend ropes in place)."""
+        return self.wq_b(qr).view(len(qr), self.n_local_heads, self.D)
+
+    def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> None:
+        """The compressors: this step's completed entries into cache.compressed (r > 0) and indexer keys
+        into cache.index_keys (r = 4); device metadata only."""
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
         if self.indexer is not None:
             self.indexer.prepare(a.idx_kv, a.idx_score, b, cache)
-        return Prepared(q, kv, idx_q, a.idx_w)
 
-    def head_projections(self, qr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """qr [T, Rq] -> q [T, Hl, D] (wq_b) and the indexer query [T, Ih, Id] (ratio 4) or None, unroped:
-        fresh buffers, which the triton path rotates in place."""
-        q = self.wq_b(qr).view(len(qr), self.n_local_heads, self.D)
-        return q, (self.indexer.query(qr) if self.indexer is not None else None)
-
-    def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
-        """Steps 8-11 for the n real tokens: top-K, candidates, sparse attention with sink, inverse
-        rotary; writes o [n, Hl*D] into out (padding rows zero). Sizes come from host metadata."""
-        b = live.batch
+    def attention(self, q: torch.Tensor, kv: torch.Tensor, picks: torch.Tensor | None, b: StepBatch,
+                  cache: LayerCache, out: torch.Tensor) -> None:
+        """Sparse attention with sink of the n real tokens over their window rows (the ring's and this
+        step's kv) and compressed rows (r = 4: picks [n, K]; r = 128: every completed entry), inverse
+        rotary; o [n, Hl*D] into out, padding rows zero."""
         n = b.n_tokens
-        picks = self.indexer.select(p.idx_q, p.idx_w, b, cache) if self.indexer is not None else None
         n_done = b.ix.blocks[self.ratio].n_done[:n] if self.ratio else None
-        self._sparse_attention(p.q[:n], p.kv, cache.window, b.ix.rings[self.W].tokens(0, n), cache.compressed,
-                               b.slot[:n], picks, n_done, self._n_compressed(b, picks), self.attn_sink,
-                               self.scale, b.ix.cis[self.rope_kind][:n], out[:n])
+        self.backend.sparse_attention(q[:n], kv, cache.window, b.ix.rings[self.W].tokens(0, n), cache.compressed,
+                                      b.slot[:n], picks, n_done, self._n_compressed(b, picks), self.attn_sink,
+                                      self.scale, b.ix.cis[self.rope_kind][:n], out[:n])
         out[n:].zero_()
 
-    def commit(self, p: Prepared, b: StepBatch, cache: LayerCache) -> None:
-        """Step 6's ring write, after attention: the gathers read the ring's older rows. p.kv is
-        already in the ring's dtype, so this is one indexed store, no cast copy."""
-        write_ring(cache.window, p.kv, b.ix.rings[self.W])
+    def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
+        """C, the host bound on a token's compressed candidates: K picks (ratio 4), every entry a
+        position up to max_pos completes (ratio 128), none (window-only)."""
+        if picks is not None:
+            return picks.shape[1]
+        return (b.max_pos + 1) // self.ratio if self.ratio else 0
+
+    # ------------------------------------------------------------ stage C
 
     def stage_c(self, o: torch.Tensor) -> torch.Tensor:
         """o [T, Hl*D] -> per-group wo_a [T, Gl*Ro] -> row-parallel wo_b, all-reduced -> [T, hidden]."""
@@ -191,78 +253,8 @@ class DSV4Attention(nn.Module):
         """One grouped GEMM, o [T, Hl*D] -> [T, Gl*Ro]: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's
         columns of group g (FP8 as stored, or one strided batched GEMM: no copies of o's groups)."""
         if self.wo_a.fp8:
-            return fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups)
+            return self.backend.fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups)
         return grouped_linear(o, self.wo_a.weight, self.n_local_groups)
-
-    def _n_compressed(self, b: StepBatch, picks: torch.Tensor | None) -> int:
-        """C, the host bound on a token's compressed candidates: K picks (ratio 4), every entry a
-        position up to max_pos completes (ratio 128), none (window-only)."""
-        if picks is not None:
-            return picks.shape[1]
-        return (b.max_pos + 1) // self.ratio if self.ratio else 0
-
-
-# ---------------------------------------------------------------- query and key heads of stage B
-
-
-def heads_torch(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
-                kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Steps 4-5 and the indexer query on the torch path: q [T, Hl, D] per-head normed and roped; kv [T, D]
-    (after kv_norm) roped in kv_dtype (the window cache's; uint8: FP8 rows [T, row bytes] quantized from the
-    roped row in kv's dtype, so this step's readers see exactly what the ring will hold); idx_q [T, Ih, Id]
-    (ratio 4) or None roped. cis [T, Dr/2] at each token's position (for ratio 4 cis["compressed"], which the
-    indexer uses too)."""
-    kv = apply_rotary(kv, cis)
-    kv = quantize_rows(kv, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else kv.to(kv_dtype)
-    return apply_rotary(rms_norm(q, None, eps), cis), kv, apply_rotary(idx_q, cis) if idx_q is not None else None
-
-
-def heads_triton(q: torch.Tensor, idx_q: torch.Tensor | None, kv: torch.Tensor, cis: torch.Tensor, eps: float,
-                 kv_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """heads_torch's results in one launch: q and idx_q rotated in place, kv into a new buffer of kv_dtype
-    (uint8: FP8 rows, quantized in the kernel)."""
-    T, D = kv.shape
-    width = row_bytes(D, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else D
-    kv_out = torch.empty(T, width, dtype=kv_dtype, device=kv.device)
-    prepare_heads(q, kv, kv_out, cis, eps, idx_q)
-    return q, kv_out, idx_q
-
-
-# ---------------------------------------------------------------- the attention of stage B, torch path
-
-
-def sparse_attention_torch(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: RingIndex,
-                           compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
-                           n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
-                           cis: torch.Tensor, out: torch.Tensor) -> None:
-    """Steps 9-11 for T tokens on the torch path: gather each token's candidates (its W window rows,
-    oldest first, then its compressed rows), sparse attention with sink, inverse rotary; o into out [T, Hl*D].
-
-    q [T, Hl, D]; kv [T, D] this step's rows (the ring must not yet hold them); window [slots, W, D]
-    (with FP8 caches kv, window and compressed hold uint8 rows of row bytes, dequantized once gathered);
-    ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only);
-    slot [T]; picks [T, C] (ratio 4: the indexer's picks, -1 = none) or None (ratio 128: every entry
-    < n_done[t] of the first n_comp); n_done [T]; n_comp: C; sink [Hl] fp32; cis [T, Dr/2] at pos.
-    `ops.sparse_attention.sparse_attention_sink` computes the same without gathering.
-    """
-    T, _, D = q.shape
-    W = window.shape[1]
-    o = torch.empty_like(q)
-    for s, e in token_chunks(T, (W + n_comp) * D):
-        ix = ring.tokens(s, e)
-        rows, valid = gather_rows(kv, window, ix), ix.valid  # [t, W], oldest first
-        if compressed is not None:
-            if picks is not None:  # CSA: the indexer's top-K
-                idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
-            else:  # HCA: every completed entry
-                idx = torch.arange(n_comp, device=q.device)[None].expand(e - s, -1)
-                ok = idx < n_done[s:e, None]
-            crow = compressed[slot[s:e, None], idx]
-            rows, valid = torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
-        if rows.dtype == torch.uint8:  # FP8 rows -> the run dtype (exact)
-            rows = dequantize_rows(rows, D, 2 * cis.shape[-1], q.dtype)
-        o[s:e] = sparse_attention(q[s:e], rows, valid, sink, scale).to(o.dtype)
-    out.copy_(apply_rotary(o, cis, inverse=True).flatten(1))
 
 
 @eager_break_during_capture

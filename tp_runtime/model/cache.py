@@ -5,7 +5,7 @@ tokens, ring rows a later token of the chunk supersedes, entries no block comple
 so device code needs no host-side selection and stays capturable.
 
 DSV4 attention has a single shared KV row per token (K = V), so caches are not split by heads:
-every rank of the TP group holds the same caches. Layout per slot and layer (spec section 4):
+every rank of the TP group holds the same caches. Layout per slot and layer:
 window ring [W, D]; compressed rows [ceil(max_len / r), D]; compressor state ring [c*r, c*D] of kv
 and gated score (fp32); for r = 4 also indexer keys [ceil(max_len / 4), Id] and their own state.
 With FP8 caches (runtime.cache_format=fp8) the window ring and the compressed rows are uint8 rows of

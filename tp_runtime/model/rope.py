@@ -1,9 +1,11 @@
-"""Rotary embedding on the trailing Dr dims, GPT-J interleaved pairs, with YaRN for compressed layers.
+"""Rotary angles for the trailing Dr dims, GPT-J interleaved pairs, with YaRN for compressed layers.
 
 Pair i of the rotated slice, (x[2i], x[2i+1]), turns by pos * f_i with f_i = base^(-2i/Dr).
 Window-only layers use rope_theta without YaRN; compressed layers and their indexer use
-compress_rope_theta with YaRN frequency interpolation (spec section 5). No attention-scale correction.
-The angles are kept as unit complex numbers, so a rotation is one complex multiply.
+compress_rope_theta with YaRN frequency interpolation: frequencies between the correction range's
+ends blend f_i and f_i / factor (yarn_correction_range). No attention-scale correction.
+The angles are kept as unit complex numbers, so a rotation is one complex multiply (the backend's
+rotary: ops/torch_path.py `apply_rotary`, or the Triton kernels' `rotate_pairs`).
 """
 
 from __future__ import annotations
@@ -55,14 +57,3 @@ class RotaryTable:
     def at(self, pos: torch.Tensor) -> torch.Tensor:
         """cis at positions pos [T] -> [T, Dr/2]."""
         return self.cis[pos]
-
-
-def apply_rotary(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotate the last Dr dims of x [T, ..., D] by cis [T, Dr/2] (complex, broadcast over head dims;
-    by the conjugate when inverse). Pair (x[2i], x[2i+1]) is the complex number x[2i] + i x[2i+1]."""
-    dr = 2 * cis.shape[-1]
-    while cis.dim() < x.dim():
-        cis = cis.unsqueeze(1)
-    tail = torch.view_as_complex(x[..., -dr:].float().unflatten(-1, (dr // 2, 2)).contiguous())
-    rotated = torch.view_as_real(tail * (cis.conj() if inverse else cis)).flatten(-2)
-    return torch.cat((x[..., :-dr], rotated.to(x.dtype)), dim=-1)

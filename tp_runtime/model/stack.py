@@ -17,38 +17,59 @@ from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache, allocate_layer_cache
 from tp_runtime.model.layers import Linear, RMSNorm
 from tp_runtime.model.step_index import IndexPlan
+from tp_runtime.model.streams import SideStream
+from tp_runtime.ops.select import KernelBackend
+from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.parallel.group import TPGroup
+
+STREAMS = (1, 2)  # runtime.streams: stage B on one stream, or with its compressor and indexer branch on a second
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ratio: int, tp: TPGroup, dtype: torch.dtype, device: torch.device,
-                 kernels: str, fp8: bool):
+                 backend: KernelBackend, fp8: bool, side: SideStream | None):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, kernels)
-        self.attn = DSV4Attention(cfg, ratio, tp, dtype, device, kernels, fp8)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device, backend)
+        self.attn = DSV4Attention(cfg, ratio, tp, dtype, device, backend, fp8, side)
 
 
 class AttentionStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device,
-                 kernels: str = "torch", fp8: bool = False, fp8_cache: bool = False, round_x: bool = False):
-        """kernels: the resolved stage-B kernels ('torch' | 'triton', ops/select.py `resolve_kernels`);
+                 backend: KernelBackend | None = None, fp8: bool = False, fp8_cache: bool = False,
+                 round_x: bool = False, streams: int = 1):
+        """backend: the kernels of every layer, chosen once (ops/select.py `select_backend`; default torch);
         fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8);
         round_x: FP8 GEMMs of more than 32 rows round x to e4m3 (runtime.fp8_activations=e4m3);
         fp8_cache: caches in the released FP8 layouts (runtime.cache_format=fp8; the layers follow the
-        caches they are given)."""
+        caches they are given); streams: 2 runs each compressed layer's compressor and indexer branch on a
+        side stream, made here once and shared by the layers (CUDA only: elsewhere everything runs on one)."""
         super().__init__()
+        assert streams in STREAMS, streams
+        backend = backend if backend is not None else TorchBackend()
         self.cfg, self.tp, self.dtype, self.device = cfg, tp, dtype, device
-        self.kernels, self.fp8, self.fp8_cache = kernels, fp8, fp8_cache
+        self.backend, self.fp8, self.fp8_cache = backend, fp8, fp8_cache
+        self.side = SideStream(device) if streams == 2 and device.type == "cuda" else None
         self.layer_ids = cfg.layer_ids()
         self.ratios = [cfg.compress_ratios[i] for i in self.layer_ids]
         max_pos = max_len + 1  # positions 0..max_len-1 and compressed-entry positions i*r <= max_len
         # What the layers read per step (rings, blocks, rotary tables), built once per step by StepBuffers.
         self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device)
         self.layers = nn.ModuleDict({
-            str(i): Block(cfg, r, tp, dtype, device, kernels, fp8) for i, r in zip(self.layer_ids, self.ratios)})
+            str(i): Block(cfg, r, tp, dtype, device, backend, fp8, self.side)
+            for i, r in zip(self.layer_ids, self.ratios)})
         for m in self.modules():
             if isinstance(m, Linear) and m.fp8:
                 m.round_x = round_x
+
+    @property
+    def kernels(self) -> str:
+        """The backend's name, as reports give it: torch | triton."""
+        return self.backend.name
+
+    @property
+    def streams(self) -> int:
+        """Streams stage B runs on: 2 with a side stream, else 1."""
+        return 1 if self.side is None else 2
 
     def allocate_caches(self, slots: int, max_len: int) -> list[LayerCache]:
         return [allocate_layer_cache(self.cfg, r, slots, max_len, self.dtype, self.device, self.fp8_cache)

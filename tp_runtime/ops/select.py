@@ -1,22 +1,66 @@
-"""Which stage-B kernels a run uses: `runtime.kernels` resolved once for the device and dtype of a shard.
+"""The kernel backend of a shard: `runtime.kernels` resolved once for its device and dtype, into one object.
 
-    torch   tp_runtime/ops/torch_path.py and the model's plain torch composition (any device, any dtype)
-    triton  the fused kernels of tp_runtime/ops/ (sparse_attention.py, indexer_topk.py, rms_norm.py, rope.py,
-            compressor_pool.py): CUDA, bf16 / fp16 / fp32
+    torch   TorchBackend (ops/torch_path.py): the torch twins, the semantics (any device, any dtype)
+    triton  TritonBackend (ops/triton_path.py): the fused kernels of tp_runtime/ops/ (CUDA, bf16 / fp16 / fp32)
     auto    triton on a CUDA device when Triton imports and the dtype is not float64, else torch
 
-The model is built with the resolved name and picks each kernel family's implementation from it once,
-at construction; nothing else branches on it.
+Both classes have the methods of `KernelBackend`, with the same signatures and meaning. The stack is built
+with one backend object and hands it to every layer; the layers call its methods and never branch on its
+name (a report names it: `backend.name`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
 from tp_runtime.config import ConfigError, triton_unavailable
+from tp_runtime.ops.torch_path import TorchBackend
+from tp_runtime.ops.triton_path import TritonBackend
+
+if TYPE_CHECKING:
+    from tp_runtime.model.cache import RingState
+    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 CHOICES = ("torch", "triton")
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class KernelBackend(Protocol):
+    """What a layer asks of its kernels. Shapes: T tokens, Hl local heads of D dims, Dr rotary dims."""
+
+    name: str  # "torch" | "triton"
+    pdl: bool  # kernels launched with programmatic dependent launch (Triton only)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """x [T, C] -> RMSNorm(x) * weight in x's dtype (fp32 math)."""
+
+    def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
+              idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q [T, Hl, D] normed + roped, kv [T, D] roped into kv_dtype, idx_q roped (torch_path.heads)."""
+
+    def rotary(self, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+        """x [T, H, Dh] roped on its last Dr dims by cis [T, Dr/2]."""
+
+    def compress(self, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
+                 blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
+                 store: str = "plain") -> None:
+        """A compressor's stage B: completed entries into out, the step's rows into the state rings."""
+
+    def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
+                     n_valid: torch.Tensor, n_keys: int, k: int) -> torch.Tensor:
+        """The top-k indexer keys per token [T, min(k, n_keys)], -1 where none."""
+
+    def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
+                         compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
+                         n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
+                         cis: torch.Tensor, out: torch.Tensor) -> None:
+        """Attention with sink over window and compressed rows, inverse rotary, into out [T, Hl*D]."""
+
+    def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
+                   round_x: bool = False) -> torch.Tensor:
+        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]."""
 
 
 def resolve_kernels(requested: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -33,3 +77,12 @@ def resolve_kernels(requested: str, device: torch.device, dtype: torch.dtype) ->
     if why:
         raise ConfigError(f"'runtime.kernels'=triton needs {why}; use runtime.kernels=torch or auto")
     return "triton"
+
+
+def select_backend(requested: str, device: torch.device, dtype: torch.dtype, pdl: bool = False) -> KernelBackend:
+    """The backend for runtime.kernels=`requested` on `device` holding `dtype` (errors: resolve_kernels').
+    pdl: programmatic dependent launch, already resolved for this device; the torch backend launches no
+    kernel that could use it and ignores it."""
+    if resolve_kernels(requested, device, dtype) == "triton":
+        return TritonBackend(pdl=pdl)
+    return TorchBackend()

@@ -1,19 +1,25 @@
-"""Plain torch kernels of stage B: row gathers from ring caches, indexer top-K, sparse attention with sink.
+"""The torch twins of every stage-B kernel, in plain torch: the semantics, and the CPU path.
 
-These run on CPU and GPU alike and define the semantics any faster kernel must reproduce.
+RMSNorm, GPT-J rotary, query / key head preparation, the gated-pooling compressor, row gathers from ring
+caches, indexer top-K and sparse attention with sink. They run on CPU and GPU alike and define what any
+faster kernel must reproduce: the Triton kernels of tp_runtime/ops/ take the same arguments and compute
+the same values (`ops/triton_path.py` binds them; `ops/select.py` picks one set per shard).
 Work is split into token chunks so that gathered candidates stay within a fixed memory budget.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from tp_runtime.ops.cache_fp8 import dequantize_keys
+from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows
+from tp_runtime.ops.linear import fp8_linear
 
 if TYPE_CHECKING:  # ops take plain tensors and index tuples; nothing of the model is imported at run time
-    from tp_runtime.model.step_index import RingIndex
+    from tp_runtime.model.cache import RingState
+    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 # Elements (not bytes) one chunk of gathered candidates may occupy; bounds peak memory of long prefills.
 CHUNK_ELEMENTS = 1 << 25
@@ -23,6 +29,38 @@ def token_chunks(n_tokens: int, per_token: int) -> list[tuple[int, int]]:
     """[start, end) token ranges whose gathered candidates stay under CHUNK_ELEMENTS."""
     step = max(1, CHUNK_ELEMENTS // max(per_token, 1))
     return [(s, min(s + step, n_tokens)) for s in range(0, n_tokens, step)]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim, in fp32; returns x's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def apply_rotary(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last Dr dims of x [T, ..., D] by cis [T, Dr/2] (complex, broadcast over head dims;
+    by the conjugate when inverse). Pair (x[2i], x[2i+1]) is the complex number x[2i] + i x[2i+1]."""
+    dr = 2 * cis.shape[-1]
+    while cis.dim() < x.dim():
+        cis = cis.unsqueeze(1)
+    tail = torch.view_as_complex(x[..., -dr:].float().unflatten(-1, (dr // 2, 2)).contiguous())
+    rotated = torch.view_as_real(tail * (cis.conj() if inverse else cis)).flatten(-2)
+    return torch.cat((x[..., :-dr], rotated.to(x.dtype)), dim=-1)
+
+
+def heads(q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
+          idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A layer's query and key heads before attention: q [T, Hl, D] per-head normed (no weight) and roped;
+    kv [T, D] (after kv_norm) roped, in kv_dtype (the window cache's; uint8: FP8 rows [T, row bytes]
+    quantized from the roped row in kv's dtype, so this step's readers see exactly what the ring will
+    hold); idx_q [T, Ih, Id] (ratio 4) or None, roped. cis [T, Dr/2] at each token's position (for ratio
+    4 the "compressed" angles, which the indexer uses too). Returns (q, kv, idx_q)."""
+    kv = apply_rotary(kv, cis)
+    kv = quantize_rows(kv, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else kv.to(kv_dtype)
+    return apply_rotary(rms_norm(q, None, eps), cis), kv, apply_rotary(idx_q, cis) if idx_q is not None else None
 
 
 def gather_rows(step_rows: torch.Tensor, ring: torch.Tensor, ix: "RingIndex") -> torch.Tensor:
@@ -83,33 +121,131 @@ def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, s
     return torch.einsum("thn,tnd->thd", p / denom, rf)
 
 
+# ---------------------------------------------------------------- gated-pooling compressor
+
+
+def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
+                  blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
+                  store: str = "plain") -> None:
+    """A compressor's stage B. kv, score [T, C] (C = c*D); ape [r, C] fp32; weight [D]; blk, ring: the
+    BlockIndex of ratio r and the RingIndex of c*r rows; state rings [slots+1, c*r, C]; out [slots+1, N, D];
+    store: "plain" (entries in out's dtype), "row" or "key" (FP8 bytes of the layout into a uint8 out).
+
+    Every token of the step is pooled as if it completed a block; the entries of tokens that
+    do not (and of padding) land in the trash slot. That keeps this free of host decisions,
+    hence capturable, at the price of pooling work for the tokens that complete nothing.
+    """
+    kv, score = kv.float(), score.float() + ape[blk.phase]
+    for s, e in token_chunks(len(score), state.kv.shape[1] * state.kv.shape[2]):
+        pooled = _pool(kv, score, state, ring.tokens(s, e), ape.shape[0], weight.shape[0])
+        entries = apply_rotary(rms_norm(pooled, weight, eps), blk.cis[s:e])
+        out[blk.emit_slot[s:e], blk.block[s:e]] = _stored(entries, store, 2 * blk.cis.shape[-1], out.dtype)
+    write_ring(state.kv, kv, ring)  # after pooling: it read the ring's older rows
+    write_ring(state.score, score, ring)
+
+
+def _stored(entries: torch.Tensor, store: str, rope_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 entries [E, D] as the cache stores them: in its dtype, or FP8 rows / keys (uint8)."""
+    if store == "row":
+        return quantize_rows(entries, rope_dim)
+    if store == "key":
+        return quantize_keys(entries)
+    return entries.to(dtype)
+
+
+def _pool(kv: torch.Tensor, score: torch.Tensor, state: "RingState", ix: "RingIndex", r: int,
+          D: int) -> torch.Tensor:
+    """Softmax-weighted sum per channel over the c*r tokens ending at each token of ix -> [E, D] fp32."""
+    rows = gather_rows(kv, state.kv, ix)  # [E, c*r, c*D], oldest first
+    gates = gather_rows(score, state.score, ix)
+    if rows.shape[-1] == 2 * D:  # overlap: previous block contributes channels [0, D), current block [D, 2D)
+        rows = torch.cat((rows[:, :r, :D], rows[:, r:, D:]), dim=1)
+        gates = torch.cat((gates[:, :r, :D], gates[:, r:, D:]), dim=1)
+    gates = gates.masked_fill(~ix.valid[..., None], float("-inf"))
+    return (gates.softmax(dim=1) * rows).sum(dim=1)
+
+
+# ---------------------------------------------------------------- attention over gathered candidates
+
+
+def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
+                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
+                          n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
+                          cis: torch.Tensor, out: torch.Tensor) -> None:
+    """Attention of T tokens: gather each token's candidates (its W window rows, oldest first, then its
+    compressed rows), sparse attention with sink, inverse rotary; o into out [T, Hl*D].
+
+    q [T, Hl, D]; kv [T, D] this step's rows (the ring must not yet hold them); window [slots, W, D]
+    (with FP8 caches kv, window and compressed hold uint8 rows of row bytes, dequantized once gathered);
+    ring: the RingIndex of W rows for these T tokens; compressed [slots, N, D] or None (window-only);
+    slot [T]; picks [T, C] (ratio 4: the indexer's picks, -1 = none) or None (ratio 128: every entry
+    < n_done[t] of the first n_comp); n_done [T]; n_comp: C; sink [Hl] fp32; cis [T, Dr/2] at pos.
+    `ops.sparse_attention.sparse_attention_sink` computes the same without gathering.
+    """
+    T, _, D = q.shape
+    W = window.shape[1]
+    o = torch.empty_like(q)
+    for s, e in token_chunks(T, (W + n_comp) * D):
+        ix = ring.tokens(s, e)
+        rows, valid = gather_rows(kv, window, ix), ix.valid  # [t, W], oldest first
+        if compressed is not None:
+            if picks is not None:  # CSA: the indexer's top-K
+                idx, ok = picks[s:e].clamp(min=0), picks[s:e] >= 0
+            else:  # HCA: every completed entry
+                idx = torch.arange(n_comp, device=q.device)[None].expand(e - s, -1)
+                ok = idx < n_done[s:e, None]
+            crow = compressed[slot[s:e, None], idx]
+            rows, valid = torch.cat((rows, crow), dim=1), torch.cat((valid, ok), dim=1)
+        if rows.dtype == torch.uint8:  # FP8 rows -> the run dtype (exact)
+            rows = dequantize_rows(rows, D, 2 * cis.shape[-1], q.dtype)
+        o[s:e] = sparse_attention(q[s:e], rows, valid, sink, scale).to(o.dtype)
+    out.copy_(apply_rotary(o, cis, inverse=True).flatten(1))
+
+
+# ---------------------------------------------------------------- the backend of this path
+
+
+@dataclass(frozen=True)
+class TorchBackend:
+    """The torch kernel backend (`ops/select.py`): every stage-B method is the twin above, on any device
+    and dtype. Weight GEMMs with FP8 weights take `ops.linear.fp8_linear`'s path by device and shape, as on
+    the Triton backend (its Triton GEMMs on CUDA, dequantize-then-matmul elsewhere)."""
+
+    name: ClassVar[str] = "torch"
+    pdl: ClassVar[bool] = False  # plain torch ops launch no kernel that could wait on its predecessor
+
+    rms_norm = staticmethod(rms_norm)
+    heads = staticmethod(heads)
+    compress = staticmethod(compress_pool)
+    indexer_topk = staticmethod(indexer_topk)
+    sparse_attention = staticmethod(sparse_attention_sink)
+    fp8_linear = staticmethod(fp8_linear)
+
+    @staticmethod
+    def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+        """x [T, H, Dh] roped on its last Dr dims by cis [T, Dr/2] (the indexer query on its own branch)."""
+        return apply_rotary(x, cis)
+
+
 # ------------------------------------------------------------------ twins of the fused launches
 # The torch compositions that ops/add_rms_norm.py, ops/rms_norm_pair.py and ops/gemv.py each do in one
 # launch: their semantics, and the references of tests/test_fused_kernels_gpu.py.
-
-
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim in fp32, one cast to x's dtype: the expression
-    of model/layers.py's `rms_norm`."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
-    return (y if weight is None else y * weight.float()).to(x.dtype)
 
 
 def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(h_new, x) = (h + y, RMSNorm(h + y) * weight): a layer's residual add, then the next layer's attn_norm."""
     h_new = h + y
-    return h_new, rms_norm_rows(h_new, weight, eps)
+    return h_new, rms_norm(h_new, weight, eps)
 
 
 def rms_norm_pair(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q_norm and kv_norm: RMSNorm(a) * wa, RMSNorm(b) * wb."""
-    return rms_norm_rows(a, wa, eps), rms_norm_rows(b, wb, eps)
+    return rms_norm(a, wa, eps), rms_norm(b, wb, eps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
          eps: float = 0.0) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given."""
-    return torch.nn.functional.linear(x if norm_weight is None else rms_norm_rows(x, norm_weight, eps), weight)
+    return torch.nn.functional.linear(x if norm_weight is None else rms_norm(x, norm_weight, eps), weight)

@@ -1,0 +1,88 @@
+"""The Triton kernel backend: every stage-B method of `ops/torch_path.py`'s TorchBackend, launched as the
+fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the same arguments and meaning.
+
+    rms_norm          ops/rms_norm.py          one launch for T rows
+    heads             ops/rope.py              q norm + rotary, kv rotary (+ FP8 row), indexer-query rotary
+    rotary            ops/rope.py              the indexer query alone (the overlapped schedule's side branch)
+    compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
+    indexer_topk      ops/indexer_topk.py      scores, then radix-select top-K (two launches)
+    sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
+    fp8_linear        ops/linear.py            FP8 weight GEMMs (path by device and shape)
+
+CUDA only (bf16 / fp16 / fp32), chosen by `ops/select.py`. Building one needs no GPU: nothing launches
+until a method is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from tp_runtime.ops.cache_fp8 import row_bytes
+from tp_runtime.ops.compressor_pool import compress_pool
+from tp_runtime.ops.indexer_topk import indexer_topk
+from tp_runtime.ops.linear import fp8_linear
+from tp_runtime.ops.rms_norm import rms_norm
+from tp_runtime.ops.rope import prepare_heads
+from tp_runtime.ops.sparse_attention import sparse_attention_sink
+
+if TYPE_CHECKING:  # index tuples are duck-typed at run time: ops import nothing of the model
+    from tp_runtime.model.cache import RingState
+    from tp_runtime.model.step_index import BlockIndex, RingIndex
+
+
+@dataclass(frozen=True)
+class TritonBackend:
+    """pdl: launch each kernel with programmatic dependent launch (resolved once, `ops/select.py`)."""
+
+    name: ClassVar[str] = "triton"
+    pdl: bool = False
+
+    def _kw(self) -> dict:
+        """The launch options every kernel wrapper below receives, in this one place: {"pdl": True} with
+        programmatic dependent launch on, else nothing (so wrappers that predate the keyword keep working)."""
+        return {"pdl": True} if self.pdl else {}
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps, **self._kw())
+
+    def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
+              idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """torch_path.heads in one launch: q and idx_q (the projections' own buffers) rotated in place, kv
+        into a new buffer of kv_dtype (uint8: FP8 rows, quantized in the kernel)."""
+        T, D = kv.shape
+        width = row_bytes(D, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else D
+        kv_out = torch.empty(T, width, dtype=kv_dtype, device=kv.device)
+        prepare_heads(q, kv, kv_out, cis, eps, idx_q, **self._kw())
+        return q, kv_out, idx_q
+
+    def rotary(self, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+        """x [T, H, Dh] (a projection's own buffer) roped in place on its last Dr dims, by prepare_heads with no
+        query heads: its one kv program per token turns a scratch row [T, Dr] nobody reads (the wrapper
+        always rotates a kv row; a rotary-only wrapper would save those T small programs)."""
+        T, dr = x.shape[0], 2 * cis.shape[-1]
+        scratch = torch.empty(T, dr, dtype=x.dtype, device=x.device)
+        prepare_heads(x.new_empty(T, 0, dr), scratch, scratch, cis, 0.0, x, **self._kw())
+        return x
+
+    def compress(self, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
+                 blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
+                 store: str = "plain") -> None:
+        compress_pool(kv, score, ape, weight, eps, blk, ring, state, out, store, **self._kw())
+
+    def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
+                     n_valid: torch.Tensor, n_keys: int, k: int) -> torch.Tensor:
+        return indexer_topk(q, w, keys, slot, n_valid, n_keys, k, **self._kw())
+
+    def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
+                         compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
+                         n_done: torch.Tensor | None, n_comp: int, sink: torch.Tensor, scale: float,
+                         cis: torch.Tensor, out: torch.Tensor) -> None:
+        sparse_attention_sink(q, kv, window, ring, compressed, slot, picks, n_done, n_comp, sink, scale, cis, out,
+                              **self._kw())
+
+    def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
+                   round_x: bool = False) -> torch.Tensor:
+        return fp8_linear(x, qw, scale, groups, round_x, **self._kw())
