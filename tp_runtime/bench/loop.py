@@ -435,7 +435,7 @@ def _record(env: BenchEnv, lane: Lane, point: dict, steps: list[list[float]], br
            "device": m["device"], "device_name": m["device_name"], "dtype": str(w.dtype).removeprefix("torch."),
            "weight_format": cfg.runtime.weight_format, "fp8_activations": cfg.runtime.fp8_activations,
            "cache_format": cfg.runtime.cache_format,
-           "kernels": w.stack.kernels, **_memory_fields(cfg, w, shard_tp, ctx, m.get("device_memory_bytes")),
+           "kernels": w.stack.kernels, "pdl": w.stack.backend.pdl, "streams": w.stack.streams, **_memory_fields(cfg, w, shard_tp, ctx, m.get("device_memory_bytes")),
            "layers": n_layers, "layer_ratios": list(w.stack.ratios), "hidden_size": cfg.model.hidden_size,
            "num_attention_heads": cfg.model.num_attention_heads, "timer": m["timer"],
            "warmup_steps": s.warmup_steps, "timed_steps": s.timed_steps, "repeats": s.repeats,

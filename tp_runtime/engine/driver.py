@@ -38,6 +38,8 @@ class RunResult:
     device: str = ""
     dtype: str = ""
     kernels: str = ""  # the resolved runtime.kernels: torch | triton
+    pdl: bool = False  # the resolved runtime.pdl: Triton kernels launched with programmatic dependent launch
+    streams: int = 1  # streams stage B runs on (runtime.streams on CUDA; 1 on a CPU)
     graph: dict = field(default_factory=dict)
     load: dict = field(default_factory=dict)
     allreduce: dict = field(default_factory=dict)  # the chosen all-reduce and why (Worker.allreduce_report)
@@ -56,7 +58,8 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
     sched = (Scheduler(workload.requests, rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk,
                        oneshot) if tp.rank == 0 else None)
     res = RunResult(device=str(worker.device), dtype=str(worker.dtype).removeprefix("torch."),
-                    kernels=worker.stack.kernels, load=worker.load_report, allreduce=worker.allreduce_report)
+                    kernels=worker.stack.kernels, pdl=worker.stack.backend.pdl,
+                    streams=worker.stack.streams, load=worker.load_report, allreduce=worker.allreduce_report)
     parts: dict[int, list[torch.Tensor]] = {}
     checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
     timer, decode_steps = StepTimer(worker.device), []

@@ -17,6 +17,7 @@ from tp_runtime.engine.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.stack import AttentionStack
+from tp_runtime.ops.kernel_support import resolve_pdl
 from tp_runtime.ops.select import select_backend
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.weights.fill import fill_weights
@@ -75,7 +76,11 @@ class ModelShard:
         rt, device = cfg.runtime, tp.device
         dtype = resolve_dtype(rt.dtype, device)
         # The one place the kernel backend is chosen; programmatic dependent launch joins it here, resolved.
-        backend = select_backend(rt.kernels, device, dtype, pdl=False)
+        try:
+            pdl = resolve_pdl(rt.pdl, device)
+        except ValueError as e:
+            raise ConfigError(f"{cfg.source}: {e}") from None
+        backend = select_backend(rt.kernels, device, dtype, pdl=pdl)
         stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, backend, fp8=uses_fp8_weights(cfg, device),
                                fp8_cache=uses_fp8_cache(cfg, device), round_x=rt.fp8_activations == "e4m3",
                                streams=rt.streams)

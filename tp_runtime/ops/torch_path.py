@@ -219,7 +219,12 @@ class TorchBackend:
     compress = staticmethod(compress_pool)
     indexer_topk = staticmethod(indexer_topk)
     sparse_attention = staticmethod(sparse_attention_sink)
-    fp8_linear = staticmethod(fp8_linear)
+
+    @staticmethod
+    def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
+                   round_x: bool = False) -> torch.Tensor:
+        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T by ops.linear's path for the device and shape."""
+        return fp8_linear(x, qw, scale, groups, round_x)
 
     @staticmethod
     def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
