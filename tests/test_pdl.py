@@ -102,3 +102,11 @@ WRAPPERS = [rms_norm.rms_norm, rope.prepare_heads, compressor_pool.compress_pool
 def test_every_wrapper_takes_pdl_off_by_default(fn):
     p = inspect.signature(fn).parameters["pdl"]
     assert p.default is False and p.annotation in (bool, "bool")
+
+
+def test_bench_lanes_name_pdl_and_streams():
+    # A sweep interleaves lanes with and without PDL and the side stream in one run (configs/bench_shard_tp.yaml).
+    from tp_runtime.bench.sweep_config import split_mode
+    assert split_mode("full@pdl_off+streams1") == ("full", {"pdl": "off", "streams": 1})
+    assert split_mode("full@pdl_on+streams2+triton") == ("full", {"pdl": "on", "streams": 2, "kernels": "triton"})
+    assert split_mode("full@pdl_maybe") == ("full", None)
