@@ -146,7 +146,8 @@ class DSV4Attention(nn.Module):
         comp = (y["compressor.wkv"], y["compressor.wgate"]) if self.compressor else (None, None)
         idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"], y["indexer.compressor.wgate"])
                if self.indexer else (None, None, None))
-        return StageA(self.q_norm(y["wq_a"]), self.kv_norm(y["wkv"]), *comp, *idx)
+        qr, kv = self.backend.rms_norm_pair(y["wq_a"], self.q_norm.weight, y["wkv"], self.kv_norm.weight, self.eps)
+        return StageA(qr, kv, *comp, *idx)
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
         """Stage B of one step, the layer's schedule top to bottom; writes the attention output into out.

@@ -8,7 +8,6 @@ kernel backend (`ops/select.py`): the norm and the FP8 GEMMs call its methods.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tp_runtime.ops.select import KernelBackend
@@ -35,7 +34,8 @@ class Linear(nn.Module):
     """y = x @ W^T for this rank's W [out, in]: `weight` in the run dtype, or (fp8) `qweight`
     float8_e4m3fn [out, in] with `scale`, one e8m0 byte per 128 x 128 block [ceil(out/128), ceil(in/128)].
     round_x (FP8, set by the stack): GEMMs of more than 32 rows may round x to e4m3 (ops/linear.py).
-    FP8 weights multiply through the backend's fp8_linear; weights in the run dtype through torch (cuBLAS)."""
+    FP8 weights multiply through the backend's fp8_linear; weights in the run dtype through its linear (cuBLAS, or
+    the Triton GEMV at the shapes where it was measured faster: ops/gemv.py)."""
 
     round_x: bool = False
 
@@ -53,7 +53,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8:
             return self.backend.fp8_linear(x, self.qweight, self.scale, round_x=self.round_x)
-        return F.linear(x, self.weight)
+        return self.backend.linear(x, self.weight)
 
 
 class ReplicatedLinear(Linear):

@@ -2,6 +2,9 @@
 
     h = h + Attention_i(RMSNorm(h, attn_norm_i))   for each selected layer i
 
+A layer's residual add and the next layer's attn_norm run as one backend call (add_rms_norm: one launch on
+the Triton backend), with the same rounding as the two apart.
+
 MoE, hyper-connections, embeddings and the LM head are outside this project's scope. Parameter
 names follow the checkpoint: `layers.{i}.attn_norm.weight`, `layers.{i}.attn.*`.
 """
@@ -83,6 +86,14 @@ class AttentionStack(nn.Module):
                 break_scope: str | None) -> torch.Tensor:
         """h [T, hidden] -> [T, hidden]. out [>=T, Hl*D] is reused by every layer's eager break."""
         o = out[: h.shape[0]]
-        for blk, cache in zip(self.layers.values(), caches):
-            h = h + blk.attn(blk.attn_norm(h), live, cache, o, break_scope)
-        return h
+        blocks = list(self.layers.values())
+        if not blocks:
+            return h
+        x = blocks[0].attn_norm(h)
+        for i, (blk, cache) in enumerate(zip(blocks, caches)):
+            y = blk.attn(x, live, cache, o, break_scope)
+            if i + 1 == len(blocks):
+                return h + y
+            # The residual add and the next layer's attn_norm in one launch: h + y, RMSNorm(h + y).
+            nxt = blocks[i + 1].attn_norm
+            h, x = self.backend.add_rms_norm(h, y, nxt.weight, nxt.eps)

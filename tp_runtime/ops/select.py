@@ -36,6 +36,17 @@ class KernelBackend(Protocol):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         """x [T, C] -> RMSNorm(x) * weight in x's dtype (fp32 math)."""
 
+    def add_rms_norm(self, h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """h, y [T, C] -> (h + y, RMSNorm(h + y) * weight): a residual add and the next layer's attn_norm."""
+
+    def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """a [T, Ca], b [T, Cb] -> (RMSNorm(a) * wa, RMSNorm(b) * wb): q_norm and kv_norm together."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K] @ weight [N, K]^T for weights in the run dtype."""
+
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
               idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """q [T, Hl, D] normed + roped, kv [T, D] roped into kv_dtype, idx_q roped (torch_path.heads)."""

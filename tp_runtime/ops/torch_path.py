@@ -202,36 +202,6 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     out.copy_(apply_rotary(o, cis, inverse=True).flatten(1))
 
 
-# ---------------------------------------------------------------- the backend of this path
-
-
-@dataclass(frozen=True)
-class TorchBackend:
-    """The torch kernel backend (`ops/select.py`): every stage-B method is the twin above, on any device
-    and dtype. Weight GEMMs with FP8 weights take `ops.linear.fp8_linear`'s path by device and shape, as on
-    the Triton backend (its Triton GEMMs on CUDA, dequantize-then-matmul elsewhere)."""
-
-    name: ClassVar[str] = "torch"
-    pdl: ClassVar[bool] = False  # plain torch ops launch no kernel that could wait on its predecessor
-
-    rms_norm = staticmethod(rms_norm)
-    heads = staticmethod(heads)
-    compress = staticmethod(compress_pool)
-    indexer_topk = staticmethod(indexer_topk)
-    sparse_attention = staticmethod(sparse_attention_sink)
-
-    @staticmethod
-    def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-                   round_x: bool = False) -> torch.Tensor:
-        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T by ops.linear's path for the device and shape."""
-        return fp8_linear(x, qw, scale, groups, round_x)
-
-    @staticmethod
-    def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
-        """x [T, H, Dh] roped on its last Dr dims by cis [T, Dr/2] (the indexer query on its own branch)."""
-        return apply_rotary(x, cis)
-
-
 # ------------------------------------------------------------------ twins of the fused launches
 # The torch compositions that ops/add_rms_norm.py, ops/rms_norm_pair.py and ops/gemv.py each do in one
 # launch: their semantics, and the references of tests/test_fused_kernels_gpu.py.
@@ -254,3 +224,48 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None
          eps: float = 0.0) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given."""
     return torch.nn.functional.linear(x if norm_weight is None else rms_norm(x, norm_weight, eps), weight)
+
+
+# ---------------------------------------------------------------- the backend of this path
+
+
+@dataclass(frozen=True)
+class TorchBackend:
+    """The torch kernel backend (`ops/select.py`): every stage-B method is the twin above, on any device
+    and dtype. Weight GEMMs with FP8 weights take `ops.linear.fp8_linear`'s path by device and shape, as on
+    the Triton backend (its Triton GEMMs on CUDA, dequantize-then-matmul elsewhere)."""
+
+    name: ClassVar[str] = "torch"
+    pdl: ClassVar[bool] = False  # plain torch ops launch no kernel that could wait on its predecessor
+
+    rms_norm = staticmethod(rms_norm)
+    heads = staticmethod(heads)
+    compress = staticmethod(compress_pool)
+    indexer_topk = staticmethod(indexer_topk)
+    sparse_attention = staticmethod(sparse_attention_sink)
+
+    @staticmethod
+    def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(h, y, weight, eps)
+
+    @staticmethod
+    def rms_norm_pair(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm_pair(a, wa, b, wb, eps)
+
+    @staticmethod
+    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [..., K] @ weight [N, K]^T (cuBLAS on CUDA)."""
+        return torch.nn.functional.linear(x, weight)
+
+    @staticmethod
+    def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
+                   round_x: bool = False) -> torch.Tensor:
+        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T by ops.linear's path for the device and shape."""
+        return fp8_linear(x, qw, scale, groups, round_x)
+
+    @staticmethod
+    def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+        """x [T, H, Dh] roped on its last Dr dims by cis [T, Dr/2] (the indexer query on its own branch)."""
+        return apply_rotary(x, cis)

@@ -8,6 +8,9 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     indexer_topk      ops/indexer_topk.py      scores, then radix-select top-K (two launches)
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/linear.py            FP8 weight GEMMs (path by device and shape)
+    linear            ops/gemv.py              bf16 weight GEMMs: the Triton GEMV where it beat cuBLAS, else cuBLAS
+    add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
+    rms_norm_pair     ops/rms_norm_pair.py     q_norm and kv_norm, one launch
 
 CUDA only (bf16 / fp16 / fp32), chosen by `ops/select.py`. Building one needs no GPU: nothing launches
 until a method is called.
@@ -20,11 +23,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from tp_runtime.ops.add_rms_norm import add_rms_norm
 from tp_runtime.ops.cache_fp8 import row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
 from tp_runtime.ops.indexer_topk import indexer_topk
+from tp_runtime.ops.gemv import gemv, use_triton_gemv
 from tp_runtime.ops.linear import fp8_linear
 from tp_runtime.ops.rms_norm import rms_norm
+from tp_runtime.ops.rms_norm_pair import rms_norm_pair
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
 
@@ -47,6 +53,21 @@ class TritonBackend:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps, **self._kw())
+
+    def add_rms_norm(self, h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(h, y, weight, eps, **self._kw())
+
+    def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm_pair(a, wa, b, wb, eps, **self._kw())
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K] @ weight [N, K]^T: the Triton GEMV at the shapes of ops/gemv.py's table (it takes part in
+        PDL), cuBLAS elsewhere. M is the capture size or the eager batch, fixed per graph: no step-value branch."""
+        if x.dim() == 2 and x.stride(-1) == 1 and use_triton_gemv(x.shape[0], *weight.shape):
+            return gemv(x, weight, **self._kw())
+        return torch.nn.functional.linear(x, weight)
 
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
               idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
