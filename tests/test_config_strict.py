@@ -344,5 +344,6 @@ def test_cli_memory_refused_before_any_rank():
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_memory_check_names_the_gpu():
     r = run_cli(["run", "configs/tiny.yaml", "runtime.device=cuda", "parallel.launcher=local", "parallel.tp=1",
-                 "runtime.max_seqs=4096", "runtime.max_len=100000000"], timeout_s=120)
+                 "runtime.max_seqs=4096", "runtime.max_tokens_per_step=4096", "runtime.max_len=100000000"],
+                timeout_s=120)
     one_error(r, "runtime.max_len=100000000", "GPU 0 (", "caches")
