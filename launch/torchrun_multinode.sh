@@ -50,5 +50,7 @@ else
   nodes=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-backend "$RDZV_BACKEND" --rdzv-id "$RDZV_ID"
          --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-conf "join_timeout=$RDZV_JOIN_TIMEOUT")
 fi
-exec "${PYTHON:-python3}" -m torch.distributed.run "${nodes[@]}" --nproc-per-node "$NPROC_PER_NODE" \
+# torchrun with the project's signal handling (tp_runtime/parallel/torchrun_main.py): SIGINT / SIGTERM end the
+# ranks and this command with one `error: interrupted (SIGINT)` line and exit status 130 / 143.
+exec "${PYTHON:-python3}" -m tp_runtime.parallel.torchrun_main "${nodes[@]}" --nproc-per-node "$NPROC_PER_NODE" \
   --max-restarts 0 -m tp_runtime.engine.entry "$@"

@@ -9,7 +9,8 @@ A covering subset, not the full product launchers x signals x phases (each Ray c
     local, elastic agent   SIGINT to the group       mid-run (a terminal's Ctrl-C: the ranks get it too)
     local, elastic agent   SIGTERM                   while the rank processes start
     local, tp = 1          SIGINT                    mid-run (the ranks' code runs in the CLI process)
-    torchrun               SIGINT to the group       mid-run (no rank left; the ranks say nothing)
+    torchrun (the wrapper) SIGTERM to the agent      mid-run (launch/torchrun_multinode.sh; the agent ends the ranks)
+    torchrun (the wrapper) SIGINT to the group       mid-bench (tp_runtime.bench's entry: the ranks say nothing)
 
 Every launcher and both signals appear, both phases under Ray and under the elastic agent. "Mid-run": rank
 0's CPU graph-mode warning (printed once the worker is built, just before the first step) has appeared and
@@ -34,6 +35,7 @@ from conftest import MARK, REPO, TINY, child_env, marked, reap
 
 LONG = ["workload.requests=512", "graph.mode=full"]  # full on a CPU: rank 0 warns as stepping begins
 STEPPING = "needs a CUDA device"  # that warning
+BENCH_TINY = "configs/bench_tiny.yaml"  # tp 1 (in this process under the local launcher) and tp 2
 GONE_WITHIN_S = 15.0  # from the command's exit until every marked process is gone (Ray's workers: seconds)
 
 
@@ -48,10 +50,10 @@ def _names(mark: str) -> dict[int, str]:
 
 
 def _interrupt(cmd: list[str], sig: int, ready: Callable[[str, str, int], bool], group: bool = False,
-               timeout_s: float = 120) -> tuple[int, str, str, dict[int, str]]:
+               timeout_s: float = 120, env: dict[str, str] | None = None) -> tuple[int, str, str, dict[int, str]]:
     """Start cmd (its own session), send sig once ready(mark, stderr so far, pid) holds, and wait for it:
     (exit status, stdout, stderr, {pid: name} of its processes still alive GONE_WITHIN_S after it exited)."""
-    env = child_env()
+    env = env or child_env()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: no pipe fills up
         p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
         try:
@@ -80,14 +82,14 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tp_runtime.cli", *args]
 
 
-def _stepping() -> Callable[[str, str, int], bool]:
-    """Ready a second after rank 0 said it is about to step."""
+def _after_line(line: str, delay_s: float = 1.0) -> Callable[[str, str, int], bool]:
+    """Ready delay_s after `line` first appeared on stderr."""
     seen: list[float] = []
 
     def ready(mark: str, stderr: str, pid: int) -> bool:
-        if STEPPING in stderr and not seen:
+        if line in stderr and not seen:
             seen.append(time.monotonic())
-        return bool(seen) and time.monotonic() - seen[0] > 1.0
+        return bool(seen) and time.monotonic() - seen[0] > delay_s
 
     return ready
 
@@ -111,14 +113,14 @@ def test_ray_sigint_during_ray_init_leaves_no_ray_process() -> None:
 
 
 def test_ray_sigterm_mid_run() -> None:
-    rc, out, err, left = _interrupt(_cli("run", TINY, *LONG), signal.SIGTERM, _stepping())
+    rc, out, err, left = _interrupt(_cli("run", TINY, *LONG), signal.SIGTERM, _after_line(STEPPING))
     _assert_reported(rc, out, err, left, signal.SIGTERM)
     assert "tp_runtime ray:" in err and "output_checksum" not in out  # ranks were running, none finished
 
 
 def test_local_ctrl_c_mid_run_reaches_every_rank_quietly() -> None:
     rc, out, err, left = _interrupt(_cli("run", TINY, "parallel.launcher=local", *LONG), signal.SIGINT,
-                                    _stepping(), group=True)
+                                    _after_line(STEPPING), group=True)
     _assert_reported(rc, out, err, left, signal.SIGINT)
     assert "output_checksum" not in out
 
@@ -135,20 +137,28 @@ def test_local_sigterm_while_ranks_start() -> None:
 
 def test_local_tp1_sigint_mid_run_in_process() -> None:
     rc, out, err, left = _interrupt(_cli("run", TINY, "parallel.launcher=local", "parallel.tp=1", *LONG),
-                                    signal.SIGINT, _stepping())
+                                    signal.SIGINT, _after_line(STEPPING))
     _assert_reported(rc, out, err, left, signal.SIGINT)
     assert "output_checksum" not in out
 
 
-def test_torchrun_ctrl_c_mid_run_leaves_no_rank() -> None:
-    # torchrun's own agent reports the signal (torch's SignalException traceback, not this project's code);
-    # the ranks end at once and say nothing, and no process remains.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tp_runtime.engine.entry", TINY, *LONG]
-    rc, out, err, left = _interrupt(cmd, signal.SIGINT, _stepping(), group=True)
-    assert rc != 0 and "output_checksum" not in out, err[-3000:]
-    assert "KeyboardInterrupt" not in err, err[-3000:]  # no rank's traceback
-    assert not left, f"left behind: {left}"
+def test_torchrun_wrapper_sigterm_to_the_agent_mid_run() -> None:
+    # launch/torchrun_multinode.sh runs parallel/torchrun_main.py: the agent ends its ranks, then says so once.
+    cmd = [str(REPO / "launch" / "torchrun_multinode.sh"), "--nproc-per-node", "2", "--", TINY, *LONG]
+    rc, out, err, left = _interrupt(cmd, signal.SIGTERM, _after_line(STEPPING),
+                                    env=child_env(PYTHON=sys.executable))
+    _assert_reported(rc, out, err, left, signal.SIGTERM)
+    assert "output_checksum" not in out
+
+
+def test_torchrun_wrapper_ctrl_c_mid_bench_reaches_every_rank_quietly(tmp_path: Path) -> None:
+    # The bench's torchrun entry ends its ranks quietly too; rank 0 was mid-point (200 repeats: ~10 s here).
+    cmd = [sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--standalone", "--nproc-per-node", "2",
+           "-m", "tp_runtime.bench", BENCH_TINY, f"bench.output={tmp_path}", "grid.bench.batch=[1]",
+           "grid.bench.context=[12]", "bench.repeats=200"]
+    rc, out, err, left = _interrupt(cmd, signal.SIGINT, _after_line("tp_runtime: all-reduce:"), group=True)
+    _assert_reported(rc, out, err, left, signal.SIGINT)
+    assert not (tmp_path / "tiny" / "summary.json").exists()  # stopped before the point finished
 
 
 @pytest.mark.parametrize("args, key", [
@@ -170,6 +180,26 @@ def test_refused_before_anything_starts(args: list[str], key: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0], r.stderr[-3000:]
     assert "Traceback" not in r.stderr and not r.stdout.strip()
     assert not reap(env[MARK], 0)  # nothing was started (no Ray, no rank)
+
+
+@pytest.mark.parametrize("args, key", [
+    (["parallel.launcher=torchrun"], "parallel.launcher"),
+    (["parallel.launcher=local", "parallel.fail_rank=0"], "parallel.fail_rank"),  # its tp = 1 lanes
+    pytest.param(["parallel.launcher=ray", "runtime.device=cuda", "grid.parallel.tp=[1]"], "runtime.device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without GPUs")),
+])
+def test_bench_refused_before_any_rank_starts(args: list[str], key: str, tmp_path: Path) -> None:
+    # The last: the embedded Ray starts, but its cluster has no GPU for the bundle; nothing is placed.
+    out = tmp_path / "out"
+    env = child_env()
+    r = subprocess.run(_cli("bench", BENCH_TINY, f"bench.output={out}", *args), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and not r.stdout.strip()
+    assert "ray" in args[0] or not out.exists()  # refused before the output directory was made
+    assert not reap(env[MARK], GONE_WITHIN_S)  # and the embedded Ray, where one started, ended with it
 
 
 def test_usage_shows_overrides_as_optional() -> None:

@@ -22,6 +22,7 @@ from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
 from tp_runtime.parallel.group import resolve_device
 from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
+from tp_runtime.parallel.launcher import check_launchable
 from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
@@ -47,23 +48,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_startable(cfg: RunConfig, command: str) -> None:
-    """Refuse what would start nothing or end at once: the torchrun launcher (torchrun starts the ranks), zero
-    requests, fault injection without a peer to name the faulty rank (or under `check`, whose tp = 1
-    comparison runs in this very process)."""
+    """Refuse what would start nothing or end at once: a launch this process cannot make (the torchrun launcher,
+    fault injection at tp = 1: launcher.check_launchable, which `bench` applies to each of its launches), zero
+    requests, fault injection under `check` (its tp = 1 comparison runs in this very process)."""
+    check_launchable(cfg)
     p, w = cfg.parallel, cfg.workload
-    if p.launcher == "torchrun":
-        raise ConfigError(f"{cfg.origin('parallel.launcher')}: parallel.launcher=torchrun: `tp-runtime {command}` "
-                          "does not start torchrun's processes; start the ranks with `torchrun --nproc-per-node N "
-                          "-m tp_runtime.engine.entry CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
-                          "several nodes), or use parallel.launcher=local or ray")
     if not w.inputs and w.requests == 0:
         raise ConfigError(f"{cfg.origin('workload.requests')}: 'workload.requests'=0: nothing to run; "
                           "needs at least 1 request")
-    if p.fail_rank is not None and (p.tp == 1 or command == "check"):
-        why = (f"needs a peer rank (parallel.tp={p.tp}): the faulty rank is named by its peers" if p.tp == 1
-               else "is for `run` and `bench`: `check` also runs tp = 1 in this process")
+    if p.fail_rank is not None and command == "check":
         raise ConfigError(f"{cfg.origin('parallel.fail_rank')}: fault injection 'parallel.fail_rank'={p.fail_rank} "
-                          f"{why}")
+                          "is for `run` and `bench`: `check` also runs tp = 1 in this process")
 
 
 def _validate_inputs(cfg: RunConfig) -> None:

@@ -4,7 +4,7 @@
     tp-runtime bench configs/bench_scaling.yaml                     # H200 grid (needs 4 GPUs for tp = 4)
     tp-runtime bench configs/bench_scaling.yaml grid.parallel.tp=[1,2] bench.repeats=3
     tp-runtime bench configs/bench_scaling.yaml parallel.launcher=ray
-    torchrun --nproc-per-node 2 -m tp_runtime.bench configs/bench_scaling.yaml   # the tp = 2 points
+    python -m tp_runtime.parallel.torchrun_main --nproc-per-node 2 -m tp_runtime.bench configs/bench_scaling.yaml
 
 One launch per tp value runs `loop.bench_entry` on every rank (in this process for tp = 1, the
 elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
@@ -24,13 +24,16 @@ import sys
 import time
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from tp_runtime.bench.loop import bench_entry, partial_log
 from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.bench.sweep_memory import check_sweep_memory
 from tp_runtime.config import ConfigError, RunConfig
-from tp_runtime.parallel.errors import LaunchError
-from tp_runtime.parallel.launcher import run_on_ranks
+from tp_runtime.parallel.errors import LaunchError, LaunchRefused
+from tp_runtime.parallel.interrupt import quiet_rank_exit
+from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
 from tp_runtime.paths import check_output_dir, write_text_atomic
 
 __all__ = ["bench_entry", "launch_plan", "run_bench"]
@@ -102,9 +105,14 @@ def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[
 
 
 def run_bench(config_path: str, overrides: list[str]) -> int:
-    """The `bench` command: 0 on success, 2 on a bad sweep config, 1 when a rank fails."""
+    """The `bench` command: 0 on success; 2 on a bad sweep config or a launch refused before any rank started
+    (each tp value's launch is checked as `run` checks its own; a Ray cluster that can never hold one); 1 when
+    a rank fails."""
     try:
         sweep = load_sweep(config_path, overrides)
+        plan = launch_plan(sweep)
+        for cfg, _ in plan:  # the torchrun launcher; fault injection at tp = 1 (grid.parallel.tp)
+            check_launchable(cfg, torchrun_module="tp_runtime.bench")
         check_sweep_memory(sweep)
         check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
     except ConfigError as e:
@@ -114,9 +122,12 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     records: list[dict] = []
     write_text_atomic(partial_log(sweep.bench.output, sweep.name), "")  # a fresh, regular log for rank 0 to append to
     try:
-        for cfg, bench_dict in launch_plan(sweep):
+        for cfg, bench_dict in plan:
             records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
             write_records(sweep, records)
+    except LaunchRefused as e:  # nothing of this launch was placed (the cluster can never hold it)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -124,8 +135,12 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     return 0
 
 
+@record
 def main(argv: list[str] | None = None) -> int:
-    """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints."""
+    """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints. As under the
+    run's entry (engine/entry.py), SIGINT / SIGTERM end a rank at once and without a traceback; the agent
+    (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal."""
+    quiet_rank_exit()
     args = sys.argv[1:] if argv is None else argv
     if not args or "RANK" not in os.environ:
         print("usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]", file=sys.stderr)

@@ -5,6 +5,8 @@
     ray       one actor per rank in a placement group (ray_launch.py)
     torchrun  the processes already exist: run `torchrun ... -m tp_runtime.engine.entry CONFIG`
 
+check_launchable(cfg) refuses, before anything starts, what run_on_ranks cannot start from this process.
+
 Every path calls the given per-rank entry (`engine.entry.worker_entry`, `bench.loop.bench_entry`) with
 the config dict first: the same code on every rank. This module imports no engine code.
 """
@@ -19,15 +21,16 @@ import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
-from tp_runtime.config import RunConfig
+from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
 from tp_runtime.parallel.interrupt import SIGNALS, Interrupted, quiet_rank_exit
 
+ENTRY_MODULE = "tp_runtime.engine.entry"  # the run's torchrun entry (the bench's: tp_runtime.bench)
 RENDEZVOUS_TIMEOUT_S = 900  # the workers' store: every rank must reach it within this (torch's default)
 
 
 def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
-                 torchrun_module: str = "tp_runtime.engine.entry") -> Any:
+                 torchrun_module: str = ENTRY_MODULE) -> Any:
     """entry(cfg_dict, *args) on every rank of cfg.parallel.tp under cfg.parallel.launcher; rank 0's
     return value. Every per-rank entry (worker_entry, bench_entry) takes the config dict first."""
     p = cfg.parallel
@@ -35,13 +38,31 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
         from tp_runtime.parallel.ray_launch import launch_ray
 
         return launch_ray(cfg, entry, args)
-    if p.launcher == "torchrun":  # the command line refuses it first (exit status 2)
-        raise LaunchError(f"parallel.launcher=torchrun: start the ranks with `torchrun --nproc-per-node N "
-                          f"-m {torchrun_module} CONFIG [key=value ...]` (launch/torchrun_multinode.sh for "
-                          "several nodes)")
+    if p.launcher == "torchrun":  # the command line refuses it first (check_launchable: exit status 2)
+        raise LaunchError(_torchrun_advice(torchrun_module))
     if p.tp == 1:
         return entry(cfg.to_dict(), *args)
     return run_elastic(p.tp, entry, (cfg.to_dict(), *args))
+
+
+def check_launchable(cfg: RunConfig, torchrun_module: str = ENTRY_MODULE) -> None:
+    """ConfigError, before anything starts, for a launch that run_on_ranks cannot make from this process: the
+    torchrun launcher (torchrun starts the ranks), and fault injection at tp = 1, where no peer rank would name
+    the faulty one (and under the local launcher the faulty rank is this very process)."""
+    p = cfg.parallel
+    if p.launcher == "torchrun":
+        raise ConfigError(f"{cfg.origin('parallel.launcher')}: {_torchrun_advice(torchrun_module)}, "
+                          "or use parallel.launcher=local or ray")
+    if p.fail_rank is not None and p.tp == 1:
+        raise ConfigError(f"{cfg.origin('parallel.fail_rank')}: fault injection 'parallel.fail_rank'={p.fail_rank} "
+                          f"needs a peer rank (parallel.tp={p.tp}): the faulty rank is named by its peers")
+
+
+def _torchrun_advice(module: str) -> str:
+    nodes = " (launch/torchrun_multinode.sh for several nodes)" if module == ENTRY_MODULE else ""
+    return ("parallel.launcher=torchrun: this command does not start torchrun's processes; start the ranks with "
+            f"`python -m tp_runtime.parallel.torchrun_main --nproc-per-node N -m {module} CONFIG [key=value ...]`"
+            f"{nodes}")
 
 
 def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
