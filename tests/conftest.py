@@ -174,6 +174,18 @@ def run_cli(args: list[str], timeout_s: float, env: dict[str, str] | None = None
     return done
 
 
+def assert_refused(r: subprocess.CompletedProcess, *needles: object) -> str:
+    """A command refused before anything started: exit 2, nothing on stdout, no traceback, and stderr exactly
+    one `error:` line holding every needle (str() of each: keys, paths). Returns that line."""
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    for needle in map(str, needles):
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
 def watch_listeners(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
                     period_s: float = 0.25) -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
     """Run cmd in this checkout and collect every listening TCP socket that any process it starts

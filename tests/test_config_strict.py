@@ -15,23 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_PATH as TINY, run_cli
+from conftest import ROOT, TINY_PATH as TINY, assert_refused, run_cli
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.config_yaml import MAX_BYTES, parse_value, read_mapping
 
 SWEEP = str(ROOT / "configs" / "bench_tiny.yaml")
-
-
-def one_error(r, *needles: str) -> str:
-    """Exit status 2, exactly one line on stderr, starting 'error:' and holding every needle; no traceback."""
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
-    assert "Traceback" not in r.stdout + r.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def snapshot(path: Path) -> tuple:
@@ -256,13 +245,13 @@ def test_cli_run_refuses_special_paths_and_bad_yaml(tmp_path):
     os.mkfifo(fifo)
     dup.write_text("runtime:\n  max_len: 64\nruntime:\n  max_len: 128\n")
     before = snapshot(fifo)
-    one_error(run_cli(["run", str(fifo)], timeout_s=60), str(fifo), "is a FIFO")
+    assert_refused(run_cli(["run", str(fifo)], timeout_s=60), str(fifo), "is a FIFO")
     assert snapshot(fifo) == before
-    one_error(run_cli(["run", "/dev/null"], timeout_s=60), "/dev/null", "character device")
-    one_error(run_cli(["run", str(dup)], timeout_s=60), f"{dup}:3:1: duplicate key 'runtime'")
-    one_error(run_cli(["run", "configs/tiny.yaml", "model.rope_scaling.factor=-16"], timeout_s=60),
+    assert_refused(run_cli(["run", "/dev/null"], timeout_s=60), "/dev/null", "character device")
+    assert_refused(run_cli(["run", str(dup)], timeout_s=60), f"{dup}:3:1: duplicate key 'runtime'")
+    assert_refused(run_cli(["run", "configs/tiny.yaml", "model.rope_scaling.factor=-16"], timeout_s=60),
               "'model.rope_scaling.factor'")
-    one_error(run_cli(["run", "configs/tiny.yaml", "parallel.tp=0x2"], timeout_s=60), "'parallel.tp' must be int")
+    assert_refused(run_cli(["run", "configs/tiny.yaml", "parallel.tp=0x2"], timeout_s=60), "'parallel.tp' must be int")
 
 
 def test_cli_bench_refuses_special_paths_and_bad_yaml(tmp_path):
@@ -270,14 +259,14 @@ def test_cli_bench_refuses_special_paths_and_bad_yaml(tmp_path):
     os.mkfifo(fifo)
     mixed.write_text("1: one\nfoo: bar\n")
     before = snapshot(fifo)
-    one_error(run_cli(["bench", str(fifo)], timeout_s=60), str(fifo), "is a FIFO")
+    assert_refused(run_cli(["bench", str(fifo)], timeout_s=60), str(fifo), "is a FIFO")
     assert snapshot(fifo) == before
     for path, what in ((str(tmp_path), "is a directory"), ("/dev/null", "character device"),
                        ("/bin/ls", "is not a YAML text file")):
         if os.path.exists(path):
-            one_error(run_cli(["bench", path], timeout_s=60), path, what)
-    one_error(run_cli(["bench", str(mixed)], timeout_s=60), f"{mixed}:1:1: key 1 (int) is not a string")
-    one_error(run_cli(["bench", SWEEP, "parallel.timeout_s=.inf"], timeout_s=60), "'parallel.timeout_s'")
+            assert_refused(run_cli(["bench", path], timeout_s=60), path, what)
+    assert_refused(run_cli(["bench", str(mixed)], timeout_s=60), f"{mixed}:1:1: key 1 (int) is not a string")
+    assert_refused(run_cli(["bench", SWEEP, "parallel.timeout_s=.inf"], timeout_s=60), "'parallel.timeout_s'")
 
 
 # ---------------------------------------------------------------- each rank's memory against the device's
@@ -334,9 +323,9 @@ def test_sweep_memory_check():
 
 
 def test_cli_memory_refused_before_any_rank():
-    one_error(run_cli(["run", "configs/tiny.yaml", f"runtime.max_len={HUGE}"], timeout_s=60),
+    assert_refused(run_cli(["run", "configs/tiny.yaml", f"runtime.max_len={HUGE}"], timeout_s=60),
               "runtime.max_len", "each rank needs")
-    one_error(run_cli(["bench", SWEEP, f"grid.bench.context=[{HUGE}]"], timeout_s=60),
+    assert_refused(run_cli(["bench", SWEEP, f"grid.bench.context=[{HUGE}]"], timeout_s=60),
               "bench.context", "needs")
 
 
@@ -346,4 +335,4 @@ def test_gpu_memory_check_names_the_gpu():
     r = run_cli(["run", "configs/tiny.yaml", "runtime.device=cuda", "parallel.launcher=local", "parallel.tp=1",
                  "runtime.max_seqs=4096", "runtime.max_tokens_per_step=4096", "runtime.max_len=100000000"],
                 timeout_s=120)
-    one_error(r, "runtime.max_len=100000000", "GPU 0 (", "caches")
+    assert_refused(r, "runtime.max_len=100000000", "GPU 0 (", "caches")

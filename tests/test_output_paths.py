@@ -26,7 +26,7 @@ from tp_runtime.paths import (OutputError, OutputReplaceError, atomic_output, ch
                               check_output_file, write_text_atomic)
 from tp_runtime.weights.checkpoint_write import write_checkpoint
 from tp_runtime.weights.format import INDEX
-from conftest import TINY, TINY_PATH, run_cli
+from conftest import TINY, TINY_PATH, assert_refused, run_cli
 
 KINDS = ["fifo", "chardev", "socket", "symlink_to_fifo"]
 
@@ -54,16 +54,6 @@ def snapshot(p: Path) -> list[tuple[int, int, int]]:
     """(st_mode, st_ino, st_rdev) of p itself and, for a symlink, of what it points at."""
     paths = [p] + ([Path(os.path.realpath(p))] if p.is_symlink() else [])
     return [(s.st_mode, s.st_ino, s.st_rdev) for s in map(os.lstat, paths)]
-
-
-def assert_refused(proc, key: str, path: Path) -> str:
-    """Exit 2, nothing on stdout, stderr exactly one `error:` line naming key and path, no traceback."""
-    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    assert key in lines[0] and str(path) in lines[0], lines[0]
-    return lines[0]
 
 
 def small_inputs(path: Path) -> Path:
