@@ -49,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_startable(cfg: RunConfig, command: str) -> None:
     """Refuse what would start nothing or end at once: a launch this process cannot make (the torchrun launcher,
-    fault injection at tp = 1: launcher.check_launchable, which `bench` applies to each of its launches), zero
-    requests, fault injection under `check` (its tp = 1 comparison runs in this very process)."""
+    fault injection at tp = 1, too few GPUs here: launcher.check_launchable, which `bench` applies to each of its
+    launches), zero requests, fault injection under `check` (its tp = 1 comparison runs in this very process)."""
     check_launchable(cfg)
     p, w = cfg.parallel, cfg.workload
     if not w.inputs and w.requests == 0:
@@ -81,29 +81,7 @@ def _validate_inputs(cfg: RunConfig) -> None:
         validate_checkpoint(cfg.model, cfg.model.checkpoint)
     if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
         check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
-    _check_local_gpus(cfg)
     check_memory(cfg)  # each rank's weights, caches and workspace against its device's memory
-
-
-def _check_local_gpus(cfg: RunConfig) -> None:
-    """runtime.device=cuda under the local launcher or an embedded Ray (no RAY_ADDRESS): every rank runs on
-    this machine, one GPU each; checked before any process is started. (A Ray cluster's GPUs are checked
-    against its resources before anything is placed: ray_launch.check_fits.)"""
-    import os
-
-    import torch
-
-    embedded_ray = cfg.parallel.launcher == "ray" and not os.environ.get("RAY_ADDRESS")
-    if cfg.runtime.device != "cuda" or not (cfg.parallel.launcher == "local" or embedded_ray):
-        return
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    tp, launcher = cfg.parallel.tp, cfg.parallel.launcher
-    if have < tp:
-        where = "an embedded Ray on this machine" if embedded_ray else "parallel.launcher=local"
-        raise ConfigError(f"{cfg.origin('runtime.device')}: runtime.device=cuda with parallel.tp={tp} under "
-                          f"{where} (parallel.launcher={launcher}) needs {tp} GPU(s) on this machine; "
-                          f"{f'it has {have}' if have else 'CUDA is not available here'} "
-                          "(use runtime.device=auto or cpu)")
 
 
 def _cmd_run(cfg: RunConfig) -> int:

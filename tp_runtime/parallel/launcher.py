@@ -47,8 +47,9 @@ def run_on_ranks(cfg: RunConfig, entry: Callable[..., Any], *args: Any,
 
 def check_launchable(cfg: RunConfig, torchrun_module: str = ENTRY_MODULE) -> None:
     """ConfigError, before anything starts, for a launch that run_on_ranks cannot make from this process: the
-    torchrun launcher (torchrun starts the ranks), and fault injection at tp = 1, where no peer rank would name
-    the faulty one (and under the local launcher the faulty rank is this very process)."""
+    torchrun launcher (torchrun starts the ranks), fault injection at tp = 1, where no peer rank would name
+    the faulty one (and under the local launcher the faulty rank is this very process), and too few GPUs on
+    this machine for its ranks."""
     p = cfg.parallel
     if p.launcher == "torchrun":
         raise ConfigError(f"{cfg.origin('parallel.launcher')}: {_torchrun_advice(torchrun_module)}, "
@@ -56,6 +57,26 @@ def check_launchable(cfg: RunConfig, torchrun_module: str = ENTRY_MODULE) -> Non
     if p.fail_rank is not None and p.tp == 1:
         raise ConfigError(f"{cfg.origin('parallel.fail_rank')}: fault injection 'parallel.fail_rank'={p.fail_rank} "
                           f"needs a peer rank (parallel.tp={p.tp}): the faulty rank is named by its peers")
+    _check_local_gpus(cfg)
+
+
+def _check_local_gpus(cfg: RunConfig) -> None:
+    """runtime.device=cuda under the local launcher or an embedded Ray (no RAY_ADDRESS): every rank runs on
+    this machine, one GPU each; checked before any process is started. (A Ray cluster's GPUs are checked
+    against its resources before anything is placed: ray_launch.check_fits.)"""
+    import torch
+
+    embedded_ray = cfg.parallel.launcher == "ray" and not os.environ.get("RAY_ADDRESS")
+    if cfg.runtime.device != "cuda" or not (cfg.parallel.launcher == "local" or embedded_ray):
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tp, launcher = cfg.parallel.tp, cfg.parallel.launcher
+    if have < tp:
+        where = "an embedded Ray on this machine" if embedded_ray else "parallel.launcher=local"
+        raise ConfigError(f"{cfg.origin('runtime.device')}: runtime.device=cuda with parallel.tp={tp} under "
+                          f"{where} (parallel.launcher={launcher}) needs {tp} GPU(s) on this machine; "
+                          f"{f'it has {have}' if have else 'CUDA is not available here'} "
+                          "(use runtime.device=auto or cpu)")
 
 
 def _torchrun_advice(module: str) -> str:
