@@ -13,7 +13,7 @@ C = c*D channels of stage A's projections kv, score [T, C]) the entry of block i
     out[emit_slot[t], i] = y in out's dtype, or with FP8 caches (uint8 out) y quantized from fp32 into the
         layout `store` names: "row" (e4m3 nope + bf16 rope + e8m0 scales) or "key" (e4m3 + an fp32 scale)
 
-which is `model.compressor.compress_torch`. Only tokens that complete their block (emit_slot is not the
+which is `torch_path.compress_pool`. Only tokens that complete their block (emit_slot is not the
 trash slot, the last slot of out) do this work; the others return at once and leave the trash slot
 alone (the torch path writes garbage there; nothing reads it for a real token). The pooling runs as an
 online softmax over blocks of rows, fp32 throughout; the in-step rows are rounded to the ring's dtype
@@ -156,9 +156,9 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     kv, score [T, C] (stage A's projections, C = c*D, last dim contiguous, bf16 / fp16 / fp32);
     ape [r, C] fp32; weight [D] the norm's; blk: the BlockIndex of ratio r; ring: the RingIndex of
     R = c*r rows; state: rings [slots + 1, R, C]; out [slots + 1, N, D], its last slot the trash slot;
-    store: "plain" (out's dtype), "row" / "key" (FP8 bytes into a uint8 out, as compress_torch stores them).
+    store: "plain" (out's dtype), "row" / "key" (FP8 bytes into a uint8 out, as torch_path.compress_pool stores them).
     pdl: both launches with programmatic dependent launch (resolve_pdl; bitwise the same outputs).
-    The signature and meaning of `model.compressor.compress_torch` (and pdl).
+    The signature and meaning of `torch_path.compress_pool` (and pdl).
     """
     T = kv.shape[0]
     if T == 0:

@@ -7,7 +7,7 @@ For each token t, with cis[t] [Dr/2] turning pair (x[2i], x[2i+1]) of the last D
                                                            (uint8 kv_out: quantized into the FP8 row layout)
     idx_q[t, h] <- rotary(idx_q[t, h])                     the indexer's Ih heads of Id dims, in place (r = 4)
 
-This is `DSV4Attention.prepare`'s torch composition, `apply_rotary(rms_norm(q, None, eps), cis)`,
+This is `torch_path.heads`, `apply_rotary(rms_norm(q, None, eps), cis)`,
 `apply_rotary(kv, cis).to(cache dtype)` and `apply_rotary(idx_q, cis)`, with the same rounding points:
 the norm in fp32 rounded to q's dtype, the rotation in fp32 from that rounded value, one cast to the
 input's dtype (then, for kv, to the cache's dtype). Pairs outside the last Dr dims pass unchanged.

@@ -8,7 +8,7 @@ the token's count of completed blocks):
     o[t, h] = sum_j exp(s_j - m) row_j / (sum_j exp(s_j - m) + exp(sink_h - m))
 
 then the inverse rotary of o's last Dr dims at pos_t (GPT-J pairs), written into the caller's buffer.
-This is what `DSV4Attention.attend` computes on the torch path (candidates gathered, then
+This is what `torch_path.sparse_attention_sink` computes (candidates gathered, then
 `torch_path.sparse_attention`, then `apply_rotary(inverse=True)`), without gathering candidates:
 
 - a window row comes from this step's own kv where the RingIndex says `in_step`, else from the ring
