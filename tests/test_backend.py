@@ -186,3 +186,36 @@ def test_two_stream_schedule_gives_the_one_stream_values_bit_for_bit():
                 shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
                 outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
             assert torch.equal(*outs), plan
+
+
+# ------------------------------------------------------------------ q_norm as the GEMMs' prologue
+
+
+class _PrologueTorch(TorchBackend):
+    """The torch backend, asked to put q_norm into the prologue of every GEMM that reads qr (the Triton
+    backend does so at the shapes of ops/gemv.py's norm table)."""
+
+    @staticmethod
+    def norm_prologue(m: int, shapes: list[tuple[int, int]]) -> bool:
+        return True
+
+
+def test_q_norm_in_the_gemms_prologue_gives_the_separate_norms_values_bit_for_bit():
+    # Each GEMM reading qr (wq_b, the indexer's wq_b) norms it as it reads; on the torch path that is the same
+    # rms_norm then matmul, so the values must not move. Catches a reader left without the norm.
+    cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2"])
+    plain, fused = (ModelShard.build(cfg, single_process(CPU)) for _ in range(2))
+    for blk in fused.stack.layers.values():
+        blk.attn.backend = _PrologueTorch()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        x0 = torch.randn(3, cfg.model.hidden_size, generator=g)
+        for blk in fused.stack.layers.values():
+            assert blk.attn.stage_a(x0).qr_norm is blk.attn.q_norm
+        for plan in STEPS:
+            x = torch.randn(plan.n_tokens, cfg.model.hidden_size, generator=g)
+            outs = []
+            for shard in (plain, fused):
+                shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
+                outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
+            assert torch.equal(*outs), plan

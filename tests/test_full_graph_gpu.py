@@ -152,3 +152,33 @@ def _with_runtime(cfg, **runtime):
     for k, v in runtime.items():
         setattr(out.runtime, k, v)
     return out
+
+
+# ------------------------------------------------------------------ q_norm as the GEMMs' prologue (Triton GEMV)
+
+
+def test_q_norm_in_the_gemv_prologue_matches_the_separate_norm(monkeypatch):
+    # ops/gemv.py's tables name the shapes where its GEMV runs; put tiny's wq_b and indexer wq_b there at up to 8
+    # rows, so every decode graph (capture sizes 8, 4, 2, 1) norms qr inside both GEMMs instead of writing it.
+    from tp_runtime.ops import gemv as gemv_module
+    from tp_runtime.ops import triton_path
+
+    cfg = load_config(TINY, ["parallel.tp=1", "graph.mode=full", "graph.capture_sizes=[8,4,2,1]",
+                             "runtime.kernels=triton", *GPU_EDGES])
+    m = cfg.model
+    plain = in_process(cfg, keep_outputs=True)
+    shapes = {(m.num_attention_heads * m.head_dim, m.q_lora_rank): 8,
+              (m.index_n_heads * m.index_head_dim, m.q_lora_rank): 8}
+    monkeypatch.setattr(gemv_module, "TRITON_GEMV_NORM_MAX_M", shapes)
+    normed_calls, real = [], triton_path.gemv
+
+    def spy(x, weight, norm_weight=None, eps=0.0, **kw):
+        normed_calls.append(norm_weight is not None)
+        return real(x, weight, norm_weight, eps, **kw)
+
+    monkeypatch.setattr(triton_path, "gemv", spy)
+    fused = in_process(cfg, keep_outputs=True)
+    assert any(normed_calls), "no GEMM took q_norm as its prologue"
+    assert fused.steps_by_path == plain.steps_by_path
+    # fp32: the prologue scales the fp32 product by rstd instead of rounding the normed row first
+    assert max_rel_err(fused.outputs, plain.outputs) <= TOL

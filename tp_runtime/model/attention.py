@@ -47,13 +47,14 @@ from tp_runtime.parallel.group import TPGroup
 class StageA(NamedTuple):
     """Metadata-independent products of x [T, hidden]; None where the layer kind has no such part."""
 
-    qr: torch.Tensor  # [T, Rq] after q_norm
+    qr: torch.Tensor  # [T, Rq] after q_norm, or before it where qr_norm is set
     kv: torch.Tensor  # [T, D] after kv_norm
     comp_kv: torch.Tensor | None  # [T, c*D] (r > 0): the compressor's projections of x, in the GEMM's dtype
     comp_score: torch.Tensor | None
     idx_w: torch.Tensor | None  # [T, Ih] (r = 4)
     idx_kv: torch.Tensor | None  # [T, 2*Id] (r = 4)
     idx_score: torch.Tensor | None
+    qr_norm: RMSNorm | None = None  # q_norm, still to apply: each GEMM of qr takes it as its prologue
 
 
 class Prepared(NamedTuple):
@@ -146,8 +147,17 @@ class DSV4Attention(nn.Module):
         comp = (y["compressor.wkv"], y["compressor.wgate"]) if self.compressor else (None, None)
         idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"], y["indexer.compressor.wgate"])
                if self.indexer else (None, None, None))
+        if self._q_norm_in_prologue(len(x)):  # wq_b and the indexer's wq_b each norm qr as they read it
+            return StageA(y["wq_a"], self.kv_norm(y["wkv"]), *comp, *idx, qr_norm=self.q_norm)
         qr, kv = self.backend.rms_norm_pair(y["wq_a"], self.q_norm.weight, y["wkv"], self.kv_norm.weight, self.eps)
         return StageA(qr, kv, *comp, *idx)
+
+    def _q_norm_in_prologue(self, t: int) -> bool:
+        """Whether every GEMM reading qr (wq_b; the indexer's wq_b at r = 4) takes q_norm as its prologue at t
+        rows (bf16 weights, at the shapes where the backend's fused GEMV was measured faster): then the normed
+        qr is never written. t is the capture size or the eager batch: a shape, not a step's value."""
+        readers = [self.wq_b] + ([self.indexer.wq_b] if self.indexer is not None else [])
+        return not any(m.fp8 for m in readers) and self.backend.norm_prologue(t, [m.weight.shape for m in readers])
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
         """Stage B of one step, the layer's schedule top to bottom; writes the attention output into out.
@@ -156,7 +166,7 @@ class DSV4Attention(nn.Module):
           main stream                                   side stream (self.side)
           fork --------------------------------------->   compressor: entries -> cache.compressed        r > 0
                                                            indexer compressor: keys -> cache.index_keys  r = 4
-          wq_b: qr [T, Rq] -> q [T, Hl, D]
+          wq_b: qr [T, Rq] -> q [T, Hl, D]                (q_norm as its prologue where a.qr_norm is set)
           indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4
           fork --------------------------------------->   rotary of idx_q                               r = 4
           heads, one launch: q per-head normed + roped,    indexer scores + top-K -> picks [n, K]        r = 4
@@ -176,8 +186,8 @@ class DSV4Attention(nn.Module):
         side.fork()
         with side.branch():
             self.compress(a, b, cache)
-        q = self.query(a.qr)
-        idx_q = self.indexer.query(a.qr) if self.indexer is not None else None
+        q = self.query(a.qr, a.qr_norm)
+        idx_q = self.indexer.query(a.qr, a.qr_norm) if self.indexer is not None else None
         side.fork()
         q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
                                                 None if side.overlaps else idx_q)
@@ -195,8 +205,8 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """stage_b up to the top-K, on one stream, for all T tokens: reads only device metadata, so the
         narrow scope captures it. Emits compressed entries and indexer keys into the caches."""
-        q = self.query(a.qr)
-        idx_q = self.indexer.query(a.qr) if self.indexer is not None else None
+        q = self.query(a.qr, a.qr_norm)
+        idx_q = self.indexer.query(a.qr, a.qr_norm) if self.indexer is not None else None
         q, kv, idx_q = self.backend.heads(q, a.kv, b.ix.cis[self.rope_kind], self.eps, cache.window.dtype, idx_q)
         self.compress(a, b, cache)
         return Prepared(q, kv, idx_q, a.idx_w)
@@ -213,9 +223,10 @@ class DSV4Attention(nn.Module):
 
     # ------------------------------------------------------------ the parts of stage B
 
-    def query(self, qr: torch.Tensor) -> torch.Tensor:
-        """wq_b: qr [T, Rq] -> q [T, Hl, D], unroped (a fresh buffer, which the Triton backend ropes in place)."""
-        return self.wq_b(qr).view(len(qr), self.n_local_heads, self.D)
+    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None) -> torch.Tensor:
+        """wq_b: qr [T, Rq] (through qr_norm first, if given) -> q [T, Hl, D], unroped (a fresh buffer, which
+        the Triton backend ropes in place)."""
+        return self.wq_b(qr, qr_norm).view(len(qr), self.n_local_heads, self.D)
 
     def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> None:
         """The compressors: this step's completed entries into cache.compressed (r > 0) and indexer keys

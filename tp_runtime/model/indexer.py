@@ -18,7 +18,7 @@ from tp_runtime.config import ModelConfig
 from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
-from tp_runtime.model.layers import ReplicatedLinear
+from tp_runtime.model.layers import ReplicatedLinear, RMSNorm
 from tp_runtime.ops.select import KernelBackend
 
 
@@ -31,10 +31,10 @@ class Indexer(nn.Module):
         self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device, backend, store="key")
         self.backend = backend
 
-    def query(self, qr: torch.Tensor) -> torch.Tensor:
-        """The query before rotary, qr [T, Rq] -> [T, Ih, Id]: a fresh buffer, which the Triton backend
-        rotates in place."""
-        return self.wq_b(qr).view(len(qr), self.n_heads, self.head_dim)
+    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None) -> torch.Tensor:
+        """The query before rotary, qr [T, Rq] (through qr_norm first, if given) -> [T, Ih, Id]: a fresh
+        buffer, which the Triton backend rotates in place."""
+        return self.wq_b(qr, qr_norm).view(len(qr), self.n_heads, self.head_dim)
 
     def prepare(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, cache: LayerCache) -> None:
         """Device metadata only: emit this step's keys into cache.index_keys."""

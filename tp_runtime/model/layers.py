@@ -50,10 +50,15 @@ class Linear(nn.Module):
         else:
             self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype, device=device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        """x [T, in] -> [T, out]; norm: x is taken through it first (as the GEMV's prologue where the backend
+        fuses it: bf16 weights only)."""
         if self.fp8:
+            x = norm(x) if norm is not None else x
             return self.backend.fp8_linear(x, self.qweight, self.scale, round_x=self.round_x)
-        return self.backend.linear(x, self.weight)
+        if norm is None:
+            return self.backend.linear(x, self.weight)
+        return self.backend.linear(x, self.weight, norm.weight, norm.eps)
 
 
 class ReplicatedLinear(Linear):

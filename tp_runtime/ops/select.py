@@ -44,8 +44,13 @@ class KernelBackend(Protocol):
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """a [T, Ca], b [T, Cb] -> (RMSNorm(a) * wa, RMSNorm(b) * wb): q_norm and kv_norm together."""
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [M, K] @ weight [N, K]^T for weights in the run dtype."""
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+               eps: float = 0.0) -> torch.Tensor:
+        """x [M, K] @ weight [N, K]^T for weights in the run dtype, behind RMSNorm(x) * norm_weight if given."""
+
+    def norm_prologue(self, m: int, shapes: list[tuple[int, int]]) -> bool:
+        """Whether GEMMs of these [N, K] weights at m rows should each take x's RMSNorm as their prologue
+        (rather than one norm launch whose output they all read)."""
 
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
               idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

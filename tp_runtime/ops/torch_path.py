@@ -255,9 +255,15 @@ class TorchBackend:
         return rms_norm_pair(a, wa, b, wb, eps)
 
     @staticmethod
-    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ weight [N, K]^T (cuBLAS on CUDA)."""
-        return torch.nn.functional.linear(x, weight)
+    def linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+               eps: float = 0.0) -> torch.Tensor:
+        """x [..., K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given (gemv's twin)."""
+        return gemv(x, weight, norm_weight, eps)
+
+    @staticmethod
+    def norm_prologue(m: int, shapes: list[tuple[int, int]]) -> bool:
+        """Never: the torch path normalizes x once for all of its GEMMs."""
+        return False
 
     @staticmethod
     def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,

@@ -8,7 +8,8 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     indexer_topk      ops/indexer_topk.py      scores, then radix-select top-K (two launches)
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/linear.py            FP8 weight GEMMs (path by device and shape)
-    linear            ops/gemv.py              bf16 weight GEMMs: the Triton GEMV where it beat cuBLAS, else cuBLAS
+    linear            ops/gemv.py              bf16 weight GEMMs (optionally behind an RMSNorm of x): the Triton
+                                               GEMV where it beat cuBLAS, else cuBLAS
     add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
     rms_norm_pair     ops/rms_norm_pair.py     q_norm and kv_norm, one launch
 
@@ -62,12 +63,21 @@ class TritonBackend:
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         return rms_norm_pair(a, wa, b, wb, eps, **self._kw())
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [M, K] @ weight [N, K]^T: the Triton GEMV at the shapes of ops/gemv.py's table (it takes part in
-        PDL), cuBLAS elsewhere. M is the capture size or the eager batch, fixed per graph: no step-value branch."""
-        if x.dim() == 2 and x.stride(-1) == 1 and use_triton_gemv(x.shape[0], *weight.shape):
-            return gemv(x, weight, **self._kw())
-        return torch.nn.functional.linear(x, weight)
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
+               eps: float = 0.0) -> torch.Tensor:
+        """x [M, K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given: the Triton GEMV at the shapes
+        of ops/gemv.py's tables (the norm as its prologue; it takes part in PDL), else cuBLAS (after the norm
+        kernel). M is the capture size or the eager batch, fixed per graph: no branch on a step's values."""
+        norm = norm_weight is not None
+        if x.dim() == 2 and x.stride(-1) == 1 and use_triton_gemv(x.shape[0], *weight.shape, norm=norm):
+            return gemv(x, weight, norm_weight, eps, **self._kw())
+        return torch.nn.functional.linear(self.rms_norm(x, norm_weight, eps) if norm else x, weight)
+
+    @staticmethod
+    def norm_prologue(m: int, shapes: list[tuple[int, int]]) -> bool:
+        """Whether every GEMM of `shapes` ([N, K] weights) at m rows takes the RMSNorm of its x as the GEMV's
+        prologue (ops/gemv.py's norm table), so the normed x need never be written."""
+        return all(use_triton_gemv(m, n, k, norm=True) for n, k in shapes)
 
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
               idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
