@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.bench.measure import allreduce_ms
-from tp_runtime.engine.shard import DTYPES
+from tp_runtime.executor.shard import DTYPES
 from tp_runtime.parallel.group import init_from_env, shutdown
 
 

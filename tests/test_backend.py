@@ -22,8 +22,8 @@ import torch
 
 from conftest import TINY_PATH as TINY
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.engine.plan import SeqChunk, StepPlan
-from tp_runtime.engine.shard import ModelShard
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.shard import ModelShard
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import ring_length
 from tp_runtime.model.stack import AttentionStack

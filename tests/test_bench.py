@@ -26,7 +26,7 @@ from tp_runtime.bench.roofline import layer_cache_bytes, layer_weight_bytes, mod
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.engine.worker import Worker
+from tp_runtime.executor.worker import Worker
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process
 

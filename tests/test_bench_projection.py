@@ -23,7 +23,7 @@ from tp_runtime.bench.sweep import launch_plan
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.engine.worker import Worker
+from tp_runtime.executor.worker import Worker
 from tp_runtime.parallel.allreduce import AllReduce
 from tp_runtime.parallel.group import TPGroup, single_process
 

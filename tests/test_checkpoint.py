@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tp_runtime.config import ConfigError, load_config, read_checkpoint_config
 from tp_runtime.engine.driver import drive
 from tp_runtime.engine.entry import in_process
-from tp_runtime.engine.worker import Worker
+from tp_runtime.executor.worker import Worker
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process
 from tp_runtime.verify.check import TOLERANCES, max_rel_err

@@ -37,7 +37,7 @@ SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 26
 
 @pytest.fixture
 def allow_fp8_cache_on_cpu(monkeypatch):
-    import tp_runtime.engine.shard as shard
+    import tp_runtime.executor.shard as shard
 
     monkeypatch.setattr(shard, "uses_fp8_cache", lambda cfg, device: cfg.runtime.cache_format == "fp8")
 
@@ -129,7 +129,7 @@ def test_fp8_cache_refused_on_cpu_and_for_dims_without_whole_blocks():
     with pytest.raises(ConfigError, match="cache_format"):
         load_config(TINY, ["runtime.cache_format=fp4"])
     cfg = load_config(TINY, ["runtime.cache_format=fp8", *FP8_DIMS])  # device auto: the rank decides
-    from tp_runtime.engine.shard import uses_fp8_cache
+    from tp_runtime.executor.shard import uses_fp8_cache
 
     with pytest.raises(ConfigError, match=r"'runtime.cache_format'=fp8 .* runs on cpu"):
         uses_fp8_cache(cfg, CPU)
@@ -149,7 +149,7 @@ def fp8_scenario():
 
 @pytest.fixture(scope="module")
 def fp8_run(fp8_scenario):
-    import tp_runtime.engine.shard as shard
+    import tp_runtime.executor.shard as shard
 
     mp = pytest.MonkeyPatch()
     mp.setattr(shard, "uses_fp8_cache", lambda cfg, device: cfg.runtime.cache_format == "fp8")

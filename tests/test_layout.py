@@ -13,11 +13,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tp_runtime"
 
 # part -> parts it must not import (by module prefix under tp_runtime)
 FORBIDDEN = {
-    "graphs": ["model", "ops", "weights", "engine", "parallel", "verify", "bench", "cli", "config"],
-    "ops": ["model", "weights", "engine", "parallel", "verify", "bench", "cli", "graphs"],
-    "model": ["engine", "weights", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
-    "weights": ["engine", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
-    "parallel": ["model", "ops", "weights", "engine", "verify", "bench", "cli"],
+    "graphs": ["model", "ops", "weights", "executor", "engine", "parallel", "verify", "bench", "cli", "config"],
+    "ops": ["model", "weights", "executor", "engine", "parallel", "verify", "bench", "cli", "graphs"],
+    "model": ["executor", "engine", "weights", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
+    "weights": ["executor", "engine", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
+    "parallel": ["model", "ops", "weights", "executor", "engine", "verify", "bench", "cli"],
+    "executor": ["engine", "verify", "bench", "cli"],
     "engine": ["verify", "bench", "cli"],
     "verify": ["bench", "cli"],
 }

@@ -88,7 +88,7 @@ def test_sink_changes_the_output(scenario, tp1):
     from tp_runtime.engine.driver import drive
     from tp_runtime.verify.reference import reference_stack
     from tp_runtime.weights.fill import full_tensors
-    from tp_runtime.engine.worker import Worker
+    from tp_runtime.executor.worker import Worker
 
     worker = Worker(scenario, single_process(torch.device("cpu")))
     for blk in worker.stack.layers.values():

@@ -8,8 +8,8 @@ import torch
 
 from conftest import TINY_PATH
 from tp_runtime.config import load_config
-from tp_runtime.engine.plan import SeqChunk, StepPlan
-from tp_runtime.engine.worker import Worker
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.worker import Worker
 from tp_runtime.engine.workload import Workload
 from tp_runtime.parallel.group import single_process
 

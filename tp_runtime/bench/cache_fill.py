@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from tp_runtime.engine.plan import SeqChunk, StepPlan
-from tp_runtime.engine.worker import Worker
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.worker import Worker
 from tp_runtime.engine.workload import Workload
 from tp_runtime.model.cache import LayerCache, RingState
 

@@ -45,9 +45,9 @@ from tp_runtime.bench.projection import LEFT_OUT, add_speedups, rank_fields, sha
 from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
 from tp_runtime.bench.sweep_config import MODES, BenchSettings, split_mode
 from tp_runtime.config import config_from_dict
-from tp_runtime.engine.plan import SeqChunk, StepPlan
-from tp_runtime.engine.timing import StepTimer, timer_name
-from tp_runtime.engine.worker import FaultyWorker, Worker
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.timing import StepTimer, timer_name
+from tp_runtime.executor.worker import FaultyWorker, Worker
 from tp_runtime.engine.workload import Workload
 from tp_runtime.parallel.group import TPGroup, group_from_env, shutdown, single_process
 from tp_runtime.parallel.peer_watch import PeerWatch

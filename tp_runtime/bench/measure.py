@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tp_runtime.engine.timing import StepTimer
+from tp_runtime.executor.timing import StepTimer
 from tp_runtime.parallel.group import TPGroup
 
 

@@ -27,7 +27,7 @@ MATCH_KEYS = ("name", "variant", "mode", "batch", "context", "cache_fill")  # a 
 def shard_group(rank: int, size: int, device: torch.device, requested: str) -> TPGroup:
     """Rank `rank` of a tp `size` group alone in this process: layers shard as that rank's, no process group,
     and the layer all-reduce is a no-op (path "none"). `requested` is the config's parallel.allreduce, so
-    lanes of one projected shard agree with it (engine/worker.py checks a shared shard's all-reduce)."""
+    lanes of one projected shard agree with it (executor/worker.py checks a shared shard's all-reduce)."""
     ar = AllReduce(requested, "none", f"{LEFT_OUT}: rank {rank} of tp {size}", world=size)
     return TPGroup(rank=rank, size=size, device=device, allreduce=ar)
 

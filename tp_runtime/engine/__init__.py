@@ -1,3 +1,3 @@
-"""Running a shard: step plans and buffers, the model shard, per-size graphs, the worker, the driver,
-the scheduler, workloads and the run report; `entry.py` is the per-rank entry every launcher runs.
+"""The run around the ranks: the scheduler (continuous batching), the step loop every rank runs (rank 0
+schedules and broadcasts), workloads, the run report, and `entry.py`, the per-rank entry every launcher runs.
 """

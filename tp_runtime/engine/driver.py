@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import SafetensorError
 
-from tp_runtime.engine.plan import StepPlan
+from tp_runtime.executor.plan import StepPlan
 from tp_runtime.engine.scheduler import Rejection, Scheduler
-from tp_runtime.engine.timing import StepTimer
-from tp_runtime.engine.worker import StepRun, Worker
+from tp_runtime.executor.timing import StepTimer
+from tp_runtime.executor.worker import StepRun, Worker
 from tp_runtime.engine.workload import build_workload, write_dump
 
 

@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
-from tp_runtime.engine.worker import FaultyWorker, Worker
+from tp_runtime.executor.worker import FaultyWorker, Worker
 from tp_runtime.parallel.group import group_from_env, shutdown
 from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import run_on_ranks

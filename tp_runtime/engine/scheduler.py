@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from tp_runtime.engine.plan import SeqChunk, StepPlan
+from tp_runtime.executor.plan import SeqChunk, StepPlan
 from tp_runtime.engine.workload import Request
 
 

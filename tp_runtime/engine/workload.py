@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import RunConfig
-from tp_runtime.engine.plan import StepPlan
+from tp_runtime.executor.plan import StepPlan
 from tp_runtime.paths import atomic_output
 from tp_runtime.weights.seeded import token_rows
 

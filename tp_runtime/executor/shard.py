@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from tp_runtime.config import ConfigError, RunConfig
-from tp_runtime.engine.buffers import StepBuffers
+from tp_runtime.executor.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.stack import AttentionStack

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tp_runtime.engine.plan import StepPlan
+from tp_runtime.executor.plan import StepPlan
 from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.step_index import IndexPlan
 

@@ -30,9 +30,9 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.config import RunConfig
-from tp_runtime.engine.plan import StepPlan
-from tp_runtime.engine.shard import ModelShard, buffer_capacity, resolve_dtype
-from tp_runtime.engine.step_graphs import StepGraphs
+from tp_runtime.executor.plan import StepPlan
+from tp_runtime.executor.shard import ModelShard, buffer_capacity, resolve_dtype
+from tp_runtime.executor.step_graphs import StepGraphs
 from tp_runtime.parallel.allreduce import setup_allreduce
 from tp_runtime.parallel.group import TPGroup, shutdown, warm_up_collectives
 
