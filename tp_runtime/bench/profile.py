@@ -7,6 +7,7 @@ far above 1, the host (launches, Python, synchronization).
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
@@ -113,9 +114,61 @@ def _launch_stacks(ev: list[dict]) -> dict[int, list[str]]:
     return out
 
 
-def profile_view(run: Callable[[], None], n_steps: int, trace: str | None) -> dict[str, float]:
-    """Run `run` (n_steps eager steps of the lane's path) under the profiler with Python stacks; write the
-    Chrome / Perfetto trace to `trace` (None: a temporary file); return GPU ms per step by group and in all."""
+LAYER_RANGE = re.compile(r"^layer (\d+) ratio (\d+)$")  # model/stack.py's LAYER_RANGE, read back
+
+
+def kernels_by_layer_kind(trace: dict, n_steps: int) -> dict[str, dict]:
+    """Kernels a layer launches, per layer kind (compress ratio), from a Chrome trace of eager steps run with
+    the stack's layer ranges on (AttentionStack.annotate_layers). A launch belongs to the layer whose range
+    is open around it on the launching thread; its kernel's stream says whether it ran on the main stream
+    (the one most kernels of the step ran on: the capture stream) or a side stream. Per kind: layers, kernels
+    per layer (in all, main stream, side streams) and copies per layer; "step" holds what no layer range
+    held (the step index, the first attn_norm, the last residual add), per step."""
+    ev = trace["traceEvents"]
+    ranges = [e for e in ev if e.get("cat") == "user_annotation" and LAYER_RANGE.match(e.get("name", ""))]
+    launches = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})]
+    owner = _launch_owner(ranges, launches)  # correlation id -> (layer, ratio)
+    kernels = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    streams: dict[int, int] = {}
+    for k in kernels:
+        streams[k.get("args", {}).get("stream")] = streams.get(k.get("args", {}).get("stream"), 0) + 1
+    main = max(streams, key=streams.get) if streams else None
+    per_layer: dict[tuple[int, int], dict[str, int]] = {}
+    step = {"kernels": 0, "main": 0, "side": 0, "copies": 0}
+    for k in kernels:
+        where = owner.get(k.get("args", {}).get("correlation"))
+        row = per_layer.setdefault(where, {"kernels": 0, "main": 0, "side": 0, "copies": 0}) if where else step
+        if k["cat"] != "kernel":
+            row["copies"] += 1
+            continue
+        row["kernels"] += 1
+        row["main" if k.get("args", {}).get("stream") == main else "side"] += 1
+    out: dict[str, dict] = {}
+    for ratio in sorted({r for _, r in per_layer}):
+        rows = [v for (_, r), v in per_layer.items() if r == ratio]
+        out[str(ratio)] = {"layers": len(rows), **{f: sum(v[f] for v in rows) / len(rows) / n_steps for f in step}}
+    out["step"] = {f: v / n_steps for f, v in step.items()}
+    return out
+
+
+def _launch_owner(ranges: list[dict], launches: list[dict]) -> dict[int, tuple[int, int]]:
+    """correlation id -> (layer, ratio) of the layer range open around the launch on its thread."""
+    by_thread: dict[tuple, list[dict]] = {}
+    for r in ranges:
+        by_thread.setdefault((r["pid"], r["tid"]), []).append(r)
+    out = {}
+    for e in launches:
+        for r in by_thread.get((e["pid"], e["tid"]), ()):
+            if r["ts"] <= e["ts"] <= r["ts"] + r.get("dur", 0.0):
+                m = LAYER_RANGE.match(r["name"])
+                out[e["args"]["correlation"]] = (int(m.group(1)), int(m.group(2)))
+                break
+    return out
+
+
+def record_trace(run: Callable[[], None], trace: str | None) -> dict:
+    """Run `run` under the profiler with Python stacks; write the Chrome / Perfetto trace to `trace` (None: a
+    temporary file) and return it, loaded."""
     import json
     import tempfile
 
@@ -127,7 +180,13 @@ def profile_view(run: Callable[[], None], n_steps: int, trace: str | None) -> di
         path = trace or f"{tmp}/trace.json"
         prof.export_chrome_trace(path)
         with open(path) as f:
-            return group_trace(json.load(f), n_steps)
+            return json.load(f)
+
+
+def profile_view(run: Callable[[], None], n_steps: int, trace: str | None) -> dict[str, float]:
+    """Run `run` (n_steps eager steps of the lane's path) under the profiler with Python stacks; write the
+    trace to `trace` (None: a temporary file); return GPU ms per step by group and in all."""
+    return group_trace(record_trace(run, trace), n_steps)
 
 
 def view_table(rows: list[dict]) -> str:

@@ -11,6 +11,8 @@ names follow the checkpoint: `layers.{i}.attn_norm.weight`, `layers.{i}.attn.*`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -25,6 +27,7 @@ from tp_runtime.ops.select import KernelBackend
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.parallel.group import TPGroup
 
+LAYER_RANGE = "layer {layer} ratio {ratio}"  # a layer's profiler range (bench/profile.py counts kernels in it)
 STREAMS = (1, 2)  # runtime.streams: stage B on one stream, or with its compressor and indexer branch on a second
 
 
@@ -63,6 +66,10 @@ class AttentionStack(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear) and m.fp8:
                 m.round_x = round_x
+        # True while a profiler view counts kernels per layer: each layer's launches (its attention, its
+        # residual add and the next attn_norm) run inside a named range "layer I ratio R". Host-side only:
+        # nothing on the GPU changes, and a captured graph holds the same kernels either way.
+        self.annotate_layers = False
 
     @property
     def kernels(self) -> str:
@@ -91,9 +98,16 @@ class AttentionStack(nn.Module):
             return h
         x = blocks[0].attn_norm(h)
         for i, (blk, cache) in enumerate(zip(blocks, caches)):
-            y = blk.attn(x, live, cache, o, break_scope)
-            if i + 1 == len(blocks):
-                return h + y
-            # The residual add and the next layer's attn_norm in one launch: h + y, RMSNorm(h + y).
-            nxt = blocks[i + 1].attn_norm
-            h, x = self.backend.add_rms_norm(h, y, nxt.weight, nxt.eps)
+            with self._layer_range(i):
+                y = blk.attn(x, live, cache, o, break_scope)
+                if i + 1 == len(blocks):
+                    return h + y
+                # The residual add and the next layer's attn_norm in one launch: h + y, RMSNorm(h + y).
+                nxt = blocks[i + 1].attn_norm
+                h, x = self.backend.add_rms_norm(h, y, nxt.weight, nxt.eps)
+
+    def _layer_range(self, i: int):
+        """The profiler range of the i-th selected layer while `annotate_layers` is set (LAYER_RANGE format)."""
+        if not self.annotate_layers:
+            return nullcontext()
+        return torch.profiler.record_function(LAYER_RANGE.format(layer=self.layer_ids[i], ratio=self.ratios[i]))
