@@ -453,3 +453,64 @@ def test_profile_view_groups_kernels_by_the_code_that_launched_them():
     ms = group_trace(trace, n_steps=2)
     assert (ms["weight GEMMs"], ms["norms and rotary"], ms["attention"]) == (2.0, 0.5, 0.3)
     assert ms["total"] == pytest.approx(2.8)
+
+
+def test_kernels_by_layer_kind_counts_each_layers_launches_by_stream():
+    from tp_runtime.bench.profile import kernels_by_layer_kind
+
+    # Two steps of a two-layer stack (layer 0 window-only, layer 1 ratio 4). A launch belongs to the layer
+    # range open around it on its thread; kernels on stream 7 (the one most kernels ran on) are the main
+    # stream's, stream 9's the side stream's; a copy is counted apart; a launch outside every range is the step's.
+    rng = lambda name, ts, dur: {"cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+    launch = lambda ts, c: {"cat": "cuda_runtime", "name": "launch", "pid": 1, "tid": 1, "ts": ts, "dur": 1,
+                            "args": {"correlation": c}}
+    kern = lambda c, stream, cat="kernel": {"cat": cat, "name": f"k{c}", "pid": 0, "tid": stream, "ts": 0, "dur": 1,
+                                            "args": {"correlation": c, "stream": stream}}
+    ev, c = [], 0
+    for step in range(2):
+        t0 = 1000 * step
+        ev.append(launch(t0 + 1, c)), ev.append(kern(c, 7))  # the step index, before any layer
+        c += 1
+        ev.append(rng("layer 0 ratio 0", t0 + 10, 100))
+        for i in range(3):
+            ev.append(launch(t0 + 20 + i, c)), ev.append(kern(c, 7))
+            c += 1
+        ev.append(rng("layer 1 ratio 4", t0 + 200, 100))
+        for stream in (7, 7, 9, 7):
+            ev.append(launch(t0 + 210 + c % 50, c)), ev.append(kern(c, stream))
+            c += 1
+        ev.append(launch(t0 + 290, c)), ev.append(kern(c, 7, "gpu_memcpy"))
+        c += 1
+    got = kernels_by_layer_kind({"traceEvents": ev}, n_steps=2)
+    assert got["0"] == {"layers": 1, "kernels": 3, "main": 3, "side": 0, "copies": 0}
+    assert got["4"] == {"layers": 1, "kernels": 4, "main": 3, "side": 1, "copies": 1}
+    assert got["step"] == {"kernels": 1, "main": 1, "side": 0, "copies": 0}
+
+
+def test_layer_ranges_name_every_layer_only_while_annotating():
+    from torch.profiler import ProfilerActivity, profile
+
+    from conftest import TINY_PATH
+    from tp_runtime.bench.profile import LAYER_RANGE
+    from tp_runtime.config import load_config
+    from tp_runtime.executor.plan import SeqChunk, StepPlan
+    from tp_runtime.executor.shard import ModelShard
+    from tp_runtime.model.batch import LiveBatch
+    from tp_runtime.parallel.group import single_process
+
+    cfg = load_config(TINY_PATH, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=64", "runtime.max_seqs=1"])
+    shard = ModelShard.build(cfg, single_process(torch.device("cpu")))
+    plan = StepPlan((SeqChunk(0, 0, 0, 5, False),))
+    live = LiveBatch()
+
+    def ranges(annotate: bool) -> list[str]:
+        shard.stack.annotate_layers = annotate
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            live.batch = b = shard.buffers.load(plan, torch.ones(5, cfg.model.hidden_size), 5)
+            shard.stack(b.x, live, shard.caches, shard.attn_out, None)
+        return [e.name for e in prof.events() if LAYER_RANGE.match(e.name)]
+
+    want = [f"layer {i} ratio {cfg.model.compress_ratios[i]}" for i in cfg.model.layer_ids()]
+    assert len(set(cfg.model.compress_ratios[i] for i in cfg.model.layer_ids())) > 1  # several kinds
+    assert ranges(True) == want
+    assert ranges(False) == []
