@@ -46,7 +46,7 @@ def count(k: int, batch: int, layers: int, context: int, extra: list[str]) -> di
         w.stack.annotate_layers = True
         kinds = kernels_by_layer_kind(record_trace(lambda: w.step(plan, x, replay=False), None), 1)
         w.stack.annotate_layers = False
-        replay = profile_steps(lambda: w.step(plan, x), 2, w.device)
+        replay = profile_steps(lambda: [w.step(plan, x) for _ in range(2)], 2, w.device)
     eager = sum(v["kernels"] * v.get("layers", 1) for v in kinds.values())
     row = {"tp": k, "batch": batch, "context": context, "pdl": w.stack.backend.pdl, "streams": w.stack.streams,
            "by_kind": kinds, "eager_kernels_per_step": eager, "replay_kernels_per_step": replay["kernels_per_step"]}
@@ -70,6 +70,8 @@ def main() -> None:
         for kind, v in r["by_kind"].items():
             print(f"{r['tp']:>3} {r['batch']:>5} {kind:>5} {v.get('layers', '-')!s:>6} {v['kernels']:8.1f} "
                   f"{v['main']:6.1f} {v['side']:6.1f} {v['copies']:6.1f}")
+            if kind != "step":
+                print("        " + ", ".join(v["names"]))
         print(f"    step: {r['eager_kernels_per_step']:.0f} kernels eagerly, {r['replay_kernels_per_step']:.0f} "
               "per graph replay")
     out = Path(a.out)

@@ -482,6 +482,8 @@ def test_kernels_by_layer_kind_counts_each_layers_launches_by_stream():
         ev.append(launch(t0 + 290, c)), ev.append(kern(c, 7, "gpu_memcpy"))
         c += 1
     got = kernels_by_layer_kind({"traceEvents": ev}, n_steps=2)
+    assert got["0"].pop("names") == ["k1", "k2", "k3"]  # the first step's launches of that layer, in order
+    assert got["4"].pop("names") == ["k4", "k5", "side:k6", "k7"]
     assert got["0"] == {"layers": 1, "kernels": 3, "main": 3, "side": 0, "copies": 0}
     assert got["4"] == {"layers": 1, "kernels": 4, "main": 3, "side": 1, "copies": 1}
     assert got["step"] == {"kernels": 1, "main": 1, "side": 0, "copies": 0}

@@ -122,8 +122,9 @@ def kernels_by_layer_kind(trace: dict, n_steps: int) -> dict[str, dict]:
     the stack's layer ranges on (AttentionStack.annotate_layers). A launch belongs to the layer whose range
     is open around it on the launching thread; its kernel's stream says whether it ran on the main stream
     (the one most kernels of the step ran on: the capture stream) or a side stream. Per kind: layers, kernels
-    per layer (in all, main stream, side streams) and copies per layer; "step" holds what no layer range
-    held (the step index, the first attn_norm, the last residual add), per step."""
+    per layer (in all, main stream, side streams), copies per layer, and `names`: the first such layer's
+    kernels in launch order ("side:" before a side stream's); "step" holds what no layer range held (the step
+    index, the first attn_norm, the last residual add), per step."""
     ev = trace["traceEvents"]
     ranges = [e for e in ev if e.get("cat") == "user_annotation" and LAYER_RANGE.match(e.get("name", ""))]
     launches = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})]
@@ -134,19 +135,27 @@ def kernels_by_layer_kind(trace: dict, n_steps: int) -> dict[str, dict]:
         streams[k.get("args", {}).get("stream")] = streams.get(k.get("args", {}).get("stream"), 0) + 1
     main = max(streams, key=streams.get) if streams else None
     per_layer: dict[tuple[int, int], dict[str, int]] = {}
+    names: dict[tuple[int, int], list[tuple[int, str]]] = {}  # layer -> (correlation, name), launch order
     step = {"kernels": 0, "main": 0, "side": 0, "copies": 0}
     for k in kernels:
-        where = owner.get(k.get("args", {}).get("correlation"))
+        corr = k.get("args", {}).get("correlation")
+        where = owner.get(corr)
         row = per_layer.setdefault(where, {"kernels": 0, "main": 0, "side": 0, "copies": 0}) if where else step
         if k["cat"] != "kernel":
             row["copies"] += 1
             continue
+        on_main = k.get("args", {}).get("stream") == main
         row["kernels"] += 1
-        row["main" if k.get("args", {}).get("stream") == main else "side"] += 1
+        row["main" if on_main else "side"] += 1
+        if where:
+            names.setdefault(where, []).append((corr, k["name"][:60] if on_main else f"side:{k['name'][:60]}"))
     out: dict[str, dict] = {}
     for ratio in sorted({r for _, r in per_layer}):
         rows = [v for (_, r), v in per_layer.items() if r == ratio]
-        out[str(ratio)] = {"layers": len(rows), **{f: sum(v[f] for v in rows) / len(rows) / n_steps for f in step}}
+        first = min(where for where in per_layer if where[1] == ratio)
+        n_first = len(names.get(first, [])) // n_steps  # the first step's launches of that layer
+        out[str(ratio)] = {"layers": len(rows), **{f: sum(v[f] for v in rows) / len(rows) / n_steps for f in step},
+                           "names": [n for _, n in sorted(names.get(first, []))[:n_first]]}
     out["step"] = {f: v / n_steps for f, v in step.items()}
     return out
 
