@@ -39,7 +39,7 @@ def chunk_inputs(T: int, ctx: int, ratio: int) -> tuple:
     g = torch.Generator(device=DEV).manual_seed(0)
     pos = torch.arange(ctx - T, ctx, device=DEV)
     slot = torch.zeros(T, dtype=torch.long, device=DEV)
-    ring = ring_index(W, slot, pos, torch.arange(T, device=DEV), torch.full_like(pos, ctx - T),
+    ring = ring_index(W, slot, pos, torch.zeros_like(pos), torch.full_like(pos, ctx - T),
                       torch.full_like(pos, ctx - 1), 1)
     table = RotaryTable(M.qk_rope_head_dim, M.compress_rope_theta, M.rope_scaling, ctx + 1, DEV)
     randn = lambda *s, sc=1.0: (torch.randn(*s, generator=g, device=DEV) * sc).to(DT)

@@ -219,3 +219,31 @@ def test_q_norm_in_the_gemms_prologue_gives_the_separate_norms_values_bit_for_bi
                 shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
                 outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
             assert torch.equal(*outs), plan
+
+
+def test_decode_batch_stores_the_window_row_in_the_heads_call_with_the_same_values():
+    # A static decode step (StepBatch.decode: one token per sequence) stores each token's kv row into the
+    # window ring in the heads call, before the attention, instead of after it: outputs and every cache bit
+    # for bit as the store after the attention gives. Two sequences past the window (their ring rows are
+    # overwritten) decode three steps each, one shard per way.
+    cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2"])
+    shards = [ModelShard.build(cfg, single_process(CPU)) for _ in range(2)]
+    g = torch.Generator().manual_seed(3)
+    prefill = StepPlan((SeqChunk(0, 0, 0, 41, False), SeqChunk(1, 1, 0, 19, False)))
+    plans = [prefill] + [StepPlan((SeqChunk(0, 0, 41 + i, 1, True), SeqChunk(1, 1, 19 + i, 1, True)))
+                         for i in range(3)]
+    with torch.no_grad():
+        for plan in plans:
+            x = torch.randn(plan.n_tokens, cfg.model.hidden_size, generator=g)
+            outs = []
+            for decode, shard in zip((False, True), shards):
+                shard.buffers.load(plan, x, plan.n_tokens)
+                b = shard.buffers.view(plan.n_tokens, plan.n_tokens, max(c.start for c in plan.chunks),
+                                       decode=decode and plan.decode_only)
+                live = LiveBatch()
+                live.batch = b
+                outs.append(shard.stack(b.x, live, shard.caches, shard.attn_out, None).clone())
+            assert torch.equal(*outs), plan
+    for a, b in zip(*(s.caches for s in shards)):
+        assert torch.equal(a.window, b.window)
+        assert a.compressed is None or torch.equal(a.compressed, b.compressed)

@@ -182,6 +182,42 @@ def test_prepare_heads_tiny_dims():
     run_heads(q, kv, idx_q, cis, kv.dtype)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prepare_heads_stores_the_kv_rows_into_the_ring(dtype, fp8):
+    # A decode step's heads launch also stores each token's kv row at its write row (the static decode path's
+    # ring write): exactly the bytes of kv_out there (bf16 rows or FP8 row bytes), as the torch twin does,
+    # and no other row of the ring touched. Tokens 0..T-3 have slots of their own; the last two
+    # are padding, whose rows both land in the trash slot's row 0 (the ring holds whichever came last).
+    from tp_runtime.model.step_index import ring_index
+    from tp_runtime.ops.cache_fp8 import row_bytes
+
+    T, W, D, slots = (5 if INTERPRET else 64), 8, 512, (5 if INTERPRET else 64)
+    pos = torch.cat([torch.arange(3, 3 + T - 2, device=DEV) * 37, torch.zeros(2, dtype=torch.long, device=DEV)])
+    slot = torch.cat([torch.arange(T - 2, device=DEV), torch.full((2,), slots, device=DEV)])
+    ix = ring_index(W, slot, pos, torch.arange(T, device=DEV), pos, pos, slots)
+    q, kv, idx_q, cis = heads_case(T, 16, dtype, seed=11, pos=pos)
+    kv_dtype = torch.uint8 if fp8 else dtype
+    width = row_bytes(D, 64) if fp8 else D
+    g = _gen(12)
+    window = (torch.randint(0, 255, (slots + 1, W, width), generator=g, device=DEV, dtype=torch.uint8) if fp8
+              else torch.randn(slots + 1, W, D, generator=g, device=DEV).to(dtype))
+    ring, twin_ring = window.clone(), window.clone()
+    kv_out = torch.empty(T, width, dtype=kv_dtype, device=DEV)
+    prepare_heads(q.clone(), kv, kv_out, cis, EPS, idx_q.clone(), (ring, ix.write_row))
+    _, twin_kv, _ = twin_heads(q, kv, cis, EPS, kv_dtype, idx_q, (twin_ring, ix))
+    rows, real = ring.view(-1, width), ix.write_row[: T - 2]
+    assert torch.equal(rows[real], kv_out[: T - 2])
+    trash = rows[ix.write_row[-1]]
+    assert torch.equal(trash, kv_out[-1]) or torch.equal(trash, kv_out[-2])
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool, device=DEV)
+    untouched[ix.write_row] = False
+    assert torch.equal(rows[untouched], window.view(-1, width)[untouched])
+    twin_rows = twin_ring.view(-1, width)  # the twin stores its own kv rows the same way (its values are
+    assert torch.equal(twin_rows[real], twin_kv[: T - 2])  # checked against the kernel's in the tests above)
+    assert torch.equal(twin_rows[untouched], window.view(-1, width)[untouched])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T,Ih,Id,dr", [(1, 64, 128, 64), (3, 8, 16, 8)] + ([] if INTERPRET else [(512, 64, 128, 64)]))
 def test_rotary_alone_matches_torch(T, Ih, Id, dr, dtype):

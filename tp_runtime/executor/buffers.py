@@ -73,8 +73,9 @@ class StepBuffers:
         (device work only: capturable)."""
         self.index.assign(self.plan.compute(*self.meta[:, :n_padded], trash=self.trash_slot))
 
-    def view(self, n_padded: int, n_tokens: int, max_pos: int) -> StepBatch:
-        """The batch over the first n_padded rows as they stand (no copies: safe inside a capture)."""
+    def view(self, n_padded: int, n_tokens: int, max_pos: int, decode: bool = False) -> StepBatch:
+        """The batch over the first n_padded rows as they stand (no copies: safe inside a capture); decode:
+        every sequence has one token (StepBatch.decode)."""
         m = self.meta
         return StepBatch(self.x[:n_padded], m[0, :n_padded], m[1, :n_padded], m[2, :n_padded],
-                         m[3, :n_padded], m[4, :n_padded], n_tokens, max_pos, self.index.rows(n_padded))
+                         m[3, :n_padded], m[4, :n_padded], n_tokens, max_pos, self.index.rows(n_padded), decode)

@@ -135,7 +135,7 @@ class Worker:
         """The static decode step a full graph holds: the step index from the metadata buffers, then every
         layer, without a break, on a batch whose sizes come from the config alone."""
         self.buffers.compute_index(size)
-        return self._forward(self.buffers.view(size, size, self.cfg.runtime.max_len - 1), None)
+        return self._forward(self.buffers.view(size, size, self.cfg.runtime.max_len - 1, decode=True), None)
 
     @torch.no_grad()
     def step(self, plan: StepPlan, x: torch.Tensor, on_break=None, replay: bool = True) -> tuple[torch.Tensor, StepRun]:

@@ -171,10 +171,12 @@ class DSV4Attention(nn.Module):
           fork --------------------------------------->   rotary of idx_q                               r = 4
           heads, one launch: q per-head normed + roped,    indexer scores + top-K -> picks [n, K]        r = 4
             kv [T, D] roped into the window's dtype
+            (b.decode: and stored into the window ring)
           join <---------------------------------------
           sparse attention with sink over each token's W window and C compressed rows, inverse rotary
             -> out [n, Hl*D] (padding rows zero)
-          window ring write of kv (after attention: the gathers read the ring's older rows)
+          window ring write of kv, unless b.decode (after attention: a chunk's gathers read the ring's
+            older rows, which its later tokens' stores would overwrite)
 
         Every weight GEMM stays on the main stream: they are bound by memory bandwidth (two at once gain
         little) and the FP8 GEMMs of one device share their split-K counters (ops/linear.py). With one
@@ -189,8 +191,9 @@ class DSV4Attention(nn.Module):
         q = self.query(a.qr, a.qr_norm)
         idx_q = self.indexer.query(a.qr, a.qr_norm) if self.indexer is not None else None
         side.fork()
+        ring = (cache.window, b.ix.rings[self.W]) if b.decode else None
         q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
-                                                None if side.overlaps else idx_q)
+                                                None if side.overlaps else idx_q, ring)
         with side.branch():
             picks = None
             if self.indexer is not None:
@@ -198,7 +201,8 @@ class DSV4Attention(nn.Module):
                 picks = self.indexer.select(idx_q, a.idx_w, b, cache)
         side.join()
         self.attention(q, kv, picks, b, cache, out)
-        write_ring(cache.window, kv, b.ix.rings[self.W])
+        if not b.decode:
+            write_ring(cache.window, kv, b.ix.rings[self.W])
 
     # ------------------------------------------------------------ stage B cut at the narrow break
 

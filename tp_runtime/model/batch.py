@@ -35,6 +35,10 @@ class StepBatch:
     n_tokens: int  # real tokens; the step runs with len(pos) (a capture size, or n_tokens)
     max_pos: int  # largest position in the step; bounds compressed candidate sets
     ix: StepIndex  # rows, positions and rotary angles derived from the metadata (step_index.py)
+    # Every sequence has one token in this step (the static decode path): the row a token stores into the
+    # window ring (position pos - W's) is one no token of the step reads, so the store may come before the
+    # attention, in the heads launch. False: stored after the attention (a chunk's tokens read each other's).
+    decode: bool = False
 
 
 class LiveBatch:

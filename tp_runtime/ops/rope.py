@@ -5,6 +5,8 @@ For each token t, with cis[t] [Dr/2] turning pair (x[2i], x[2i+1]) of the last D
     q[t, h]     <- rotary(rms_norm(q[t, h], None, eps))   every local head h of D dims, in place
     kv_out[t]   <- rotary(kv[t])                           the layer's one kv row, into the cache's dtype
                                                            (uint8 kv_out: quantized into the FP8 row layout)
+    ring[write_row[t]] <- kv_out[t]                        optional: the window ring's store of that row, for
+                                                           steps of one token per sequence (see `prepare_heads`)
     idx_q[t, h] <- rotary(idx_q[t, h])                     the indexer's Ih heads of Id dims, in place (r = 4)
 
 This is `torch_path.heads`, `apply_rotary(rms_norm(q, None, eps), cis)`,
@@ -70,15 +72,24 @@ def _heads(in_ptr, s_in, out_ptr, s_out, h0, n_heads, cis_row, eps, NORM: tl.con
 
 
 @jit
-def _kv_row_fp8(in_ptr, out_ptr, cis_row, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
-                NB: tl.constexpr, PDL: tl.constexpr):
-    """The kv row of one token: roped, rounded to its dtype, quantized into NB bytes of FP8 row at out_ptr
-    (PDL: triggered before the store)."""
+def _kv_row(in_ptr, out_ptr, ring_ptr, cis_row, BLOCK_D: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
+            FP8: tl.constexpr, NB: tl.constexpr, RING: tl.constexpr, PDL: tl.constexpr):
+    """The kv row of one token: roped, rounded to its dtype, stored at out_ptr in the output's dtype (FP8:
+    quantized into NB bytes of FP8 row) and, with RING, the same bytes at ring_ptr (PDL: triggered before
+    the stores)."""
     d = tl.arange(0, BLOCK_D)
     x = tl.load(in_ptr + d[None, :], mask=(d < D)[None, :], other=0.0)  # [1, BLOCK_D]
-    y = rotate_pairs(x.to(tl.float32), cis_row, 1, BLOCK_D, D, DR, False).to(x.dtype).to(tl.float32)
+    y = rotate_pairs(x.to(tl.float32), cis_row, 1, BLOCK_D, D, DR, False).to(x.dtype)
     pdl_trigger(PDL)
-    store_row(out_ptr, tl.reshape(y, (BLOCK_D,)), D - DR, DR, BLOCK_D, NB)
+    y = tl.reshape(y, (BLOCK_D,))
+    if FP8:
+        store_row(out_ptr, y.to(tl.float32), D - DR, DR, BLOCK_D, NB)
+        if RING:
+            store_row(ring_ptr, y.to(tl.float32), D - DR, DR, BLOCK_D, NB)
+    else:
+        tl.store(out_ptr + d, y.to(out_ptr.dtype.element_ty), mask=d < D)
+        if RING:
+            tl.store(ring_ptr + d, y.to(ring_ptr.dtype.element_ty), mask=d < D)
 
 
 @jit
@@ -87,10 +98,12 @@ def _prepare_heads_kernel(
     kv_ptr, skv_t, kvo_ptr, skvo_t,  # kv [T, D] -> kv_out [T, D] (the window cache's dtype) or [T, NB] uint8
     iq_ptr, siq_t, siq_h,  # indexer query [T, IH, ID]: roped in place (HAS_IDX)
     cis_ptr, s_cis,  # [T, DR/2, 2] fp32
+    ring_ptr, s_ring, wrow_ptr,  # window ring [slots * W, D] (FP8: [.., NB]) and write_row [T] long (RING)
     eps,
     HQ: tl.constexpr, D: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr, DR: tl.constexpr,
     NQ: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
-    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr, FP8: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_ID: tl.constexpr, HAS_IDX: tl.constexpr, FP8: tl.constexpr, NB: tl.constexpr, RING: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)  # [0, NQ): q head blocks; NQ: the kv row; past NQ: indexer head blocks
@@ -100,10 +113,10 @@ def _prepare_heads_kernel(
         q_row = q_ptr + t * sq_t
         _heads(q_row, sq_h, q_row, sq_h, p * BLOCK_H, HQ, cis_row, eps, True, BLOCK_H, BLOCK_D, D, DR, PDL)
     elif p == NQ:
-        if FP8:
-            _kv_row_fp8(kv_ptr + t * skv_t, kvo_ptr + t * skvo_t, cis_row, BLOCK_D, D, DR, NB, PDL)
-        else:
-            _heads(kv_ptr + t * skv_t, 0, kvo_ptr + t * skvo_t, 0, 0, 1, cis_row, eps, False, 1, BLOCK_D, D, DR, PDL)
+        ring_row = ring_ptr
+        if RING:  # the step index's write row (written earlier in the step: after the wait)
+            ring_row = ring_ptr + tl.load(wrow_ptr + t) * s_ring
+        _kv_row(kv_ptr + t * skv_t, kvo_ptr + t * skvo_t, ring_row, cis_row, BLOCK_D, D, DR, FP8, NB, RING, PDL)
     elif HAS_IDX:
         iq_row = iq_ptr + t * siq_t
         _heads(iq_row, siq_h, iq_row, siq_h, (p - NQ - 1) * BLOCK_I, IH, cis_row, eps, False, BLOCK_I, BLOCK_ID,
@@ -116,10 +129,13 @@ def _block_heads(n_heads: int, block_d: int) -> int:
 
 
 def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: torch.Tensor, eps: float,
-                  idx_q: torch.Tensor | None = None, pdl: bool = False) -> None:
+                  idx_q: torch.Tensor | None = None, ring: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  pdl: bool = False) -> None:
     """One launch: q [T, Hl, D] per-head normed (no weight) and roped in place; kv [T, D] roped into
     kv_out [T, D] (its own dtype, e.g. the window cache's; uint8 [T, row bytes]: FP8 rows); idx_q [T, Ih, Id]
-    or None roped in place.
+    or None roped in place. ring = (window [slots, W, width] of kv_out's dtype, write_row [T]) also stores
+    kv_out's rows into the ring, row by row as `torch_path.write_ring` does: only where no token of the step
+    reads a ring row another token writes (one token per sequence, padding in the trash slot).
     Every rotation turns the last Dr dims by cis [T, Dr/2] complex64. Last dims contiguous; q and
     idx_q are the caller's own buffers (the projections' outputs), since they are overwritten.
     pdl: launch with programmatic dependent launch (resolve_pdl; bitwise the same outputs)."""
@@ -139,9 +155,16 @@ def prepare_heads(q: torch.Tensor, kv: torch.Tensor, kv_out: torch.Tensor, cis: 
     block_d, block_id = triton.next_power_of_2(D), triton.next_power_of_2(ID)
     block_h, block_i = _block_heads(HQ, block_d), _block_heads(IH, block_id)
     nq = triton.cdiv(HQ, block_h)
+    if ring is not None:
+        window, write_row = ring
+        assert window.dtype == kv_out.dtype and window.is_contiguous() and window.shape[-1] == kv_out.shape[1]
+        ring_rows, wrow = window.view(-1, window.shape[-1]), write_row
+    else:
+        ring_rows, wrow = kv_out, cis_r  # unused
     grid = (T, nq + 1 + (triton.cdiv(IH, block_i) if has_idx else 0))
     _prepare_heads_kernel[grid](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), kv_out, kv_out.stride(0), iq, iq.stride(0), iq.stride(1),
-        cis_r, cis_r.stride(0), eps,
+        cis_r, cis_r.stride(0), ring_rows, ring_rows.stride(0), wrow, eps,
         HQ=HQ, D=D, IH=IH, ID=ID, DR=dr, NQ=nq, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_I=block_i,
-        BLOCK_ID=block_id, HAS_IDX=has_idx, FP8=fp8, NB=kv_out.shape[1], PDL=pdl, num_warps=4, launch_pdl=pdl)
+        BLOCK_ID=block_id, HAS_IDX=has_idx, FP8=fp8, NB=kv_out.shape[1], RING=ring is not None, PDL=pdl,
+        num_warps=4, launch_pdl=pdl)

@@ -53,8 +53,10 @@ class KernelBackend(Protocol):
         (rather than one norm launch whose output they all read)."""
 
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
-              idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """q [T, Hl, D] normed + roped, kv [T, D] roped into kv_dtype, idx_q roped (torch_path.heads)."""
+              idx_q: torch.Tensor | None = None, ring: tuple[torch.Tensor, "RingIndex"] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q [T, Hl, D] normed + roped, kv [T, D] roped into kv_dtype, idx_q roped; with ring = (window,
+        RingIndex) kv's rows also stored into the window ring (torch_path.heads)."""
 
     def rotary(self, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
         """x [T, H, Dh] roped on its last Dr dims by cis [T, Dr/2]."""

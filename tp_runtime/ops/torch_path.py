@@ -52,14 +52,19 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> t
 
 
 def heads(q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
-          idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+          idx_q: torch.Tensor | None = None, ring: tuple[torch.Tensor, "RingIndex"] | None = None,
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A layer's query and key heads before attention: q [T, Hl, D] per-head normed (no weight) and roped;
     kv [T, D] (after kv_norm) roped, in kv_dtype (the window cache's; uint8: FP8 rows [T, row bytes]
     quantized from the roped row in kv's dtype, so this step's readers see exactly what the ring will
     hold); idx_q [T, Ih, Id] (ratio 4) or None, roped. cis [T, Dr/2] at each token's position (for ratio
-    4 the "compressed" angles, which the indexer uses too). Returns (q, kv, idx_q)."""
+    4 the "compressed" angles, which the indexer uses too). ring = (window, its RingIndex) also writes the
+    roped rows into the window ring now (`write_ring`): for steps of one token per sequence, where the row a
+    token writes (position pos - W's) is one no token of the step reads. Returns (q, kv, idx_q)."""
     kv = apply_rotary(kv, cis)
     kv = quantize_rows(kv, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else kv.to(kv_dtype)
+    if ring is not None:
+        write_ring(ring[0], kv, ring[1])
     return apply_rotary(rms_norm(q, None, eps), cis), kv, apply_rotary(idx_q, cis) if idx_q is not None else None
 
 

@@ -80,13 +80,16 @@ class TritonBackend:
         return all(use_triton_gemv(m, n, k, norm=True) for n, k in shapes)
 
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
-              idx_q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+              idx_q: torch.Tensor | None = None, ring: tuple[torch.Tensor, "RingIndex"] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """torch_path.heads in one launch: q and idx_q (the projections' own buffers) rotated in place, kv
-        into a new buffer of kv_dtype (uint8: FP8 rows, quantized in the kernel)."""
+        into a new buffer of kv_dtype (uint8: FP8 rows, quantized in the kernel) and, with ring, into the
+        window ring's write rows by the same programs."""
         T, D = kv.shape
         width = row_bytes(D, 2 * cis.shape[-1]) if kv_dtype == torch.uint8 else D
         kv_out = torch.empty(T, width, dtype=kv_dtype, device=kv.device)
-        prepare_heads(q, kv, kv_out, cis, eps, idx_q, **self._kw())
+        rows = (ring[0], ring[1].write_row) if ring is not None else None
+        prepare_heads(q, kv, kv_out, cis, eps, idx_q, rows, **self._kw())
         return q, kv_out, idx_q
 
     def rotary(self, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
