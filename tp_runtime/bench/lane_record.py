@@ -7,12 +7,14 @@ import statistics
 from dataclasses import dataclass
 
 from tp_runtime.bench.env import BenchEnv
+from tp_runtime.bench.flops import prefill_flops
 from tp_runtime.bench.lanes import Lane
 from tp_runtime.bench.measure import flat, summarize_ms
 from tp_runtime.bench.projection import rank_fields
 from tp_runtime.bench.record import (AllreduceTimes, BenchRecord, Breaks, Fill, LaneSetup, Memory, ModelShape, Point,
-                                     Prefill, PrefillBuilt, Profile, Roofline, StepTimes, TimedBreaks)
+                                     Prefill, PrefillBuilt, PrefillChunk, Profile, Roofline, StepTimes, TimedBreaks)
 from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
+from tp_runtime.bench.steps import ChunkTimes
 from tp_runtime.executor.worker import Worker
 
 FIT_CONTEXTS = (4096, 32768, 65536, 131072)  # contexts of the memory-fit table, beside the point's own
@@ -25,7 +27,8 @@ class LaneResult:
     steps: list[list[float]]  # per repeat, per step ms
     breaks: dict | None  # steps.break_times
     profile: dict  # steps.profile_lane
-    prefill_ms: list[float]  # per timed prefill chunk
+    host_ms: list[float]  # per timed step: the host clock around Worker.step
+    prefill: list[ChunkTimes]  # per bench.prefill_chunk size
     allreduce: dict  # the latency of the point's message through the lane's group
     per_rank_ms: list[float]  # rank -> median step ms
 
@@ -43,7 +46,7 @@ def build_record(env: BenchEnv, lane: Lane, point: Point, r: LaneResult) -> Benc
                          w.cfg.model.num_attention_heads),
         steps=step_times(env, lane, point, r, st), allreduce_choice=w.allreduce_report,
         breaks=breaks(r.breaks, st["median"], full=w.full_graphs is not None and lane.replayed > 0),
-        profile=profile(r.profile, st["median"]), prefill=prefill(env.s.prefill_chunk, r.prefill_ms),
+        profile=profile(r.profile, st["median"]), prefill=prefill(w, r.prefill, env.s.peak_tflops),
         allreduce=AllreduceTimes(point.batch * w.cfg.model.hidden_size * w.dtype.itemsize, r.allreduce),
         roofline=roofline(env.machine, w, point, r.allreduce, st["median"], shard_tp, env.s.projected_allreduce_us),
         fill=fill(lane, point))
@@ -68,6 +71,7 @@ def step_times(env: BenchEnv, lane: Lane, point: Point, r: LaneResult, st: dict)
         timer=env.machine["timer"], warmup_steps=s.warmup_steps, timed_steps=s.timed_steps, repeats=s.repeats,
         step_ms_median=st["median"], step_ms_p90=st["p90"], step_ms_min=st["min"], step_ms_max=st["max"],
         step_ms_repeats=[statistics.median(rep) for rep in r.steps], step_ms_ranks=r.per_rank_ms,
+        host_ms_per_step=statistics.median(r.host_ms),
         decode_tokens_per_s=point.batch / (st["median"] / 1e3), outputs_finite=lane.finite)
 
 
@@ -100,9 +104,19 @@ def profile(prof: dict, step_median: float) -> Profile:
                    "torch profiler (CUPTI), separate untimed steps" if busy is not None else None)
 
 
-def prefill(chunk: int, chunk_ms: list[float]) -> Prefill:
-    pre = statistics.median(chunk_ms) if chunk_ms else None
-    return Prefill(chunk, pre, chunk / (pre / 1e3) if pre else None)
+def prefill(w: Worker, sizes: list[ChunkTimes], peak_tflops: float) -> Prefill:
+    return Prefill.of([prefill_chunk(w, t, peak_tflops) for t in sizes], peak_tflops)
+
+
+def prefill_chunk(w: Worker, t: ChunkTimes, peak_tflops: float) -> PrefillChunk:
+    """One chunk size's times against this rank's FLOPs of each chunk (bench/flops.py)."""
+    if not t.ms:
+        return PrefillChunk(t.chunk, None, None, None, None, None, None)
+    flops = [prefill_flops(w.cfg.model, w.tp.size, start, t.chunk) for start in t.starts]
+    ms = statistics.median(t.ms)
+    tflops = statistics.median(f / (d * 1e9) for f, d in zip(flops, t.ms))  # FLOP / ms / 1e9 = TFLOP/s
+    return PrefillChunk(t.chunk, t.starts[0], ms, t.chunk / (ms / 1e3) if ms else None, flops[0], tflops,
+                        tflops / peak_tflops)
 
 
 def roofline(m: dict, w: Worker, point: Point, ar: dict, step_ms: float, tp: int,

@@ -21,7 +21,7 @@ from tp_runtime.bench.lane_record import LaneResult, build_record
 from tp_runtime.bench.lanes import Lane, Seqs
 from tp_runtime.bench.measure import flat
 from tp_runtime.bench.record import Point
-from tp_runtime.bench.steps import break_times, decode, fill_lane, prefill_ms, profile_lane
+from tp_runtime.bench.steps import Block, break_times, decode, fill_lane, prefill_chunks, profile_lane
 
 
 @dataclass
@@ -66,32 +66,41 @@ def measure(env: BenchEnv, lanes: list[Lane], batch: int, context: int, recorded
     """Fill every lane set's slots, warm up, time interleaved repeats; then, phase by phase over the recorded
     lanes (default: all but the baselines), breaks, profile, prefill chunks and the all-reduce."""
     s = env.s
-    steps = timed_steps(env, lanes, batch, context)
+    steps, host_ms = timed_steps(env, lanes, batch, context)
     if recorded is None:
         recorded = [lane for lane in lanes if not lane.baseline]
     breaks = [break_times(lane, batch, s) for lane in recorded]
     profiles = [profile_lane(env, lane, batch, context) for lane in recorded]
-    prefills = [prefill_ms(lane, s) for lane in recorded]
+    prefills = [[prefill_chunks(lane, chunk, s) for chunk in s.prefill_chunks] for lane in recorded]
     ars = [env.allreduce(lane.worker.tp, batch, lane.worker.cfg.model.hidden_size, lane.worker.dtype)
            for lane in recorded]
     per_rank = env.tp.gather_to_driver({lane.name: statistics.median(flat(steps[lane.name])) for lane in recorded})
-    results = {lane.name: LaneResult(steps[lane.name], brk, prof, pre, ar,
+    results = {lane.name: LaneResult(steps[lane.name], brk, prof, host_ms[lane.name], pre, ar,
                                      [r[lane.name] for r in per_rank] if per_rank is not None else [])
                for lane, brk, prof, pre, ar in zip(recorded, breaks, profiles, prefills, ars)}
     return Measured(steps, results)
 
 
-def timed_steps(env: BenchEnv, lanes: list[Lane], batch: int, context: int) -> dict[str, list[list[float]]]:
+def timed_steps(env: BenchEnv, lanes: list[Lane], batch: int,
+                context: int) -> tuple[dict[str, list[list[float]]], dict[str, list[float]]]:
     """Fill each set of sequences once (through its first lane), warm every lane up, then `repeats` rounds of
-    every lane's block of timed steps; lane name -> per repeat, per step ms."""
+    every lane's block of timed steps; lane name -> per repeat, per step ms, and lane name -> host ms per step."""
     s = env.s
     for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each Seqs
         env.on(lane, lambda: fill_lane(lane, batch, context, s))
     steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
+    host_ms: dict[str, list[float]] = {lane.name: [] for lane in lanes}
     for lane in lanes:
         env.on(lane, lambda: decode(lane, batch, s.warmup_steps, s.seed))
         lane.replayed, lane.finite = 0, True  # count the timed steps only
     for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
         for lane in lanes:
-            env.on(lane, lambda: steps[lane.name].append(decode(lane, batch, s.timed_steps, s.seed)))
-    return steps
+            env.on(lane, lambda: _keep(decode(lane, batch, s.timed_steps, s.seed), steps[lane.name],
+                                       host_ms[lane.name]))
+    return steps, host_ms
+
+
+def _keep(block: Block, steps: list[list[float]], host_ms: list[float]) -> None:
+    """A timed block's step ms as one more repeat; its host ms among the lane's timed steps."""
+    steps.append(block.ms)
+    host_ms += block.host_ms

@@ -17,13 +17,15 @@ SPREAD = {"spread": True}  # a mapping whose keys are written as the record's ow
 
 
 def flat_json(obj: Any) -> dict:
-    """A dataclass's fields in order as one mapping: nested parts flattened in place (their to_json), SPREAD
-    mappings merged, PART fields that are None left out."""
+    """A dataclass's fields in order as one mapping: nested parts flattened in place (their to_json), lists of
+    parts as lists of mappings, SPREAD mappings merged, PART fields that are None left out."""
     out: dict = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             out.update(value.to_json())
+        elif isinstance(value, list) and value and isinstance(value[0], Part):
+            out[f.name] = [v.to_json() for v in value]
         elif f.metadata.get("spread"):
             out.update(value or {})
         elif not (value is None and f.metadata.get("part")):
@@ -133,6 +135,7 @@ class StepTimes(Part):
     step_ms_max: float
     step_ms_repeats: list[float]  # the median of each repeat
     step_ms_ranks: list[float]  # the median on each rank
+    host_ms_per_step: float  # median host ms inside Worker.step per timed step (no sync: the host's share)
     decode_tokens_per_s: float
     outputs_finite: bool
 
@@ -167,10 +170,38 @@ class Profile(Part):
 
 
 @dataclass
+class PrefillChunk(Part):
+    """The timed chunks of one prefill chunk size (an entry of prefill_by_chunk); None without timed chunks."""
+
+    chunk: int  # tokens per chunk
+    context: int | None  # tokens in the cache before the first timed chunk (the next ones follow it)
+    chunk_ms: float | None  # median over the timed chunks
+    tokens_per_s: float | None  # chunk / chunk_ms
+    flops: int | None  # this rank's FLOPs of the first timed chunk (bench/flops.py)
+    tflops: float | None  # achieved: median over the timed chunks of their FLOPs / their time
+    peak_share: float | None  # tflops / bench.peak_tflops
+
+
+@dataclass
 class Prefill(Part):
+    """The timed prefill chunks: the first bench.prefill_chunk size as the prefill_* fields, every size (one
+    entry each, in the setting's order) in prefill_by_chunk."""
+
     prefill_chunk: int
-    prefill_ms_median: float | None
+    prefill_ms_median: float | None  # the median chunk ms
     prefill_tokens_per_s: float | None
+    prefill_context: int | None
+    prefill_flops: int | None
+    prefill_tflops: float | None
+    prefill_peak_tflops: float  # bench.peak_tflops
+    prefill_peak_share: float | None
+    prefill_by_chunk: list[PrefillChunk]
+
+    @classmethod
+    def of(cls, chunks: list[PrefillChunk], peak_tflops: float) -> Prefill:
+        c = chunks[0]
+        return cls(c.chunk, c.chunk_ms, c.tokens_per_s, c.context, c.flops, c.tflops, peak_tflops, c.peak_share,
+                   chunks)
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """What a lane runs at a point, and how each part is timed: the cache fill, decode steps (the timed ones and
-the warm-up), steps timed with per-break events, steps under the profiler, and prefill chunks. Every call is
-collective for the lanes of the launch's group (ranks step together); baselines run on rank 0 alone."""
+the warm-up; device time and the host's time in Worker.step), steps timed with per-break events, steps under
+the profiler, and prefill chunks of each bench.prefill_chunk size. Every call is collective for the lanes of the
+launch's group (ranks step together); baselines run on rank 0 alone."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.env import BenchEnv
@@ -26,7 +28,7 @@ def fill_lane(lane: Lane, batch: int, context: int, s: BenchSettings) -> None:
     if lane.seqs.fill == "seeded":
         fill_seeded(w.caches, w.stack.ratios, batch, context, s.seed, first_slot=first)
     else:
-        fill_by_prefill(w, batch, context, s.prefill_chunk, s.seed, first_slot=first)
+        fill_by_prefill(w, batch, context, max(s.prefill_chunks), s.seed, first_slot=first)
     timer.stop(t0)
     lane.seqs.pos, lane.seqs.fill_s = context, timer.durations_ms()[0] / 1e3
 
@@ -37,30 +39,39 @@ def decode_plan(batch: int, pos: int, first_slot: int = 0) -> StepPlan:
     return StepPlan(tuple(SeqChunk(slot, slot, pos, 1, True) for slot in slots))
 
 
+@dataclass
+class Block:
+    """Per-step times of a block of decode steps: the device timeline (CUDA events; the host clock on a CPU)
+    and the host clock around Worker.step (no sync added: on a GPU the host's share before the work is queued)."""
+
+    ms: list[float]
+    host_ms: list[float]
+
+
 def decode(lane: Lane, batch: int, n: int, seed: int, on_break: BreakTimer | None = None,
-           replay: bool = True) -> list[float]:
-    """n decode steps of the lane's batch slots at their next positions; per-step ms (inputs made beforehand).
+           replay: bool = True) -> Block:
+    """n decode steps of the lane's batch slots at their next positions (inputs made beforehand).
     replay=False runs the path's code eagerly (the profile view)."""
     w = lane.worker
     inputs = Workload([], w.cfg.model.hidden_size, seed)
     plans = [decode_plan(batch, lane.seqs.pos + i, lane.seqs.first_slot) for i in range(n)]
     xs = [inputs.step_inputs(p, w.device, w.dtype) for p in plans]
-    timer = StepTimer(w.device)
-    outs = []
+    timer, host_ms, outs = StepTimer(w.device), [], []
     for plan, x in zip(plans, xs):
         if on_break is not None:
             on_break.next_step()
         t0, h0 = timer.now(), time.perf_counter()
         out, run = w.step(plan, x, on_break, replay)
+        host_ms.append((time.perf_counter() - h0) * 1e3)
         timer.stop(t0)
         if on_break is not None:
-            on_break.step_done((time.perf_counter() - h0) * 1e3)
+            on_break.step_done(host_ms[-1])
         lane.replayed += int(run.size is not None)
         outs.append(out.isfinite().all())  # static output buffer: check before the next step
     lane.seqs.pos += n
     durations = timer.durations_ms()
     lane.finite = lane.finite and all(bool(f) for f in outs)
-    return durations
+    return Block(durations, host_ms)
 
 
 def break_times(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
@@ -71,7 +82,7 @@ def break_times(lane: Lane, batch: int, s: BenchSettings) -> dict | None:
         return None
     bt = BreakTimer(lane.worker.device)
     replayed0 = lane.replayed
-    step_ms = decode(lane, batch, s.break_steps, s.seed, bt)
+    step_ms = decode(lane, batch, s.break_steps, s.seed, bt).ms
     lane.replayed = replayed0  # these steps are not among the timed ones
     return {"break_ms": statistics.median(bt.per_step_ms()), "step_ms": statistics.median(step_ms),
             "break_host_ms": statistics.median(bt.per_step_ms(host=True)),
@@ -105,19 +116,28 @@ def _profile_view(env: BenchEnv, lane: Lane, batch: int, context: int) -> dict:
     return {"profile_view_ms": view, "profile_trace": trace.name}
 
 
-def prefill_ms(lane: Lane, s: BenchSettings) -> list[float]:
-    """Chunks of prefill_chunk tokens appended to the lane's first slot (one untimed first); ms per chunk."""
+@dataclass
+class ChunkTimes:
+    """Timed prefill chunks of one size, appended to one sequence: where each began and its ms."""
+
+    chunk: int
+    starts: list[int]  # position of each timed chunk's first token (the context it ran at)
+    ms: list[float]
+
+
+def prefill_chunks(lane: Lane, chunk: int, s: BenchSettings) -> ChunkTimes:
+    """prefill_steps chunks of `chunk` tokens appended to the lane's first slot, one untimed chunk first."""
     if s.prefill_steps == 0:
-        return []
-    w, n = lane.worker, s.prefill_chunk
+        return ChunkTimes(chunk, [], [])
+    w, slot = lane.worker, lane.seqs.first_slot
     inputs = Workload([], w.cfg.model.hidden_size, s.seed)
-    timer = StepTimer(w.device)
-    for i in range(1 + s.prefill_steps):
-        slot = lane.seqs.first_slot
-        plan = StepPlan((SeqChunk(slot, slot, lane.seqs.pos, n, False),))
+    timer, starts = StepTimer(w.device), []
+    for _ in range(1 + s.prefill_steps):
+        plan = StepPlan((SeqChunk(slot, slot, lane.seqs.pos, chunk, False),))
         x = inputs.step_inputs(plan, w.device, w.dtype)
+        starts.append(lane.seqs.pos)
         t0 = timer.now()
         w.step(plan, x)
         timer.stop(t0)
-        lane.seqs.pos += n
-    return timer.durations_ms()[1:]
+        lane.seqs.pos += chunk
+    return ChunkTimes(chunk, starts[1:], timer.durations_ms()[1:])
