@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from conftest import REPO, STOP, STOP_TIMEOUT_S, TINY, TINY_PATH, child_env, free_port, last_json, run_cli, stopped_at
 
-from tp_runtime.bench.loop import Lane, Seqs, _allreduce_pairs, _shard_key
+from tp_runtime.bench.comparisons import allreduce_pairs
+from tp_runtime.bench.lanes import Lane, Seqs, shard_key
 from tp_runtime.bench.sweep_config import load_sweep, split_mode
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.parallel.allreduce import (AllReduceError, Facts, choose, decide, route,
@@ -260,7 +261,7 @@ def test_allreduce_lane_words_and_their_comparison():
     lane = lambda mode, baseline=False: Lane(("tp1:" if baseline else "") + mode, mode, None, Seqs(), baseline)
     lanes = [lane("full@triton"), lane("full@triton+nccl"), lane("full"), lane("full@triton", True),
              lane("full@triton+nccl", True)]
-    assert _allreduce_pairs(lanes) == [("allreduce_vs_nccl", "full@triton", "full@triton+nccl")]
+    assert allreduce_pairs(lanes) == [("allreduce_vs_nccl", "full@triton", "full@triton+nccl")]
 
 
 def test_a_tp2_sweep_with_an_nccl_lane_records_and_compares_the_all_reduce(tmp_path):
@@ -281,6 +282,6 @@ def test_a_tp2_sweep_with_an_nccl_lane_records_and_compares_the_all_reduce(tmp_p
 
 def test_allreduce_lanes_get_their_own_shard_at_tp_above_1_only():
     auto, nccl = (load_config(TINY_PATH, [f"parallel.allreduce={v}"]) for v in ("auto", "nccl"))
-    assert _shard_key(auto) != _shard_key(nccl)
+    assert shard_key(auto) != shard_key(nccl)
     auto1, nccl1 = (load_config(TINY_PATH, [f"parallel.allreduce={v}", "parallel.tp=1"]) for v in ("auto", "nccl"))
-    assert _shard_key(auto1) == _shard_key(nccl1)  # tp = 1 baselines: no all-reduce, one shard
+    assert shard_key(auto1) == shard_key(nccl1)  # tp = 1 baselines: no all-reduce, one shard

@@ -19,10 +19,13 @@ import torch
 from conftest import STOP, STOP_TIMEOUT_S, run_cli, stopped_at
 
 from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded, prefill_plans
+from tp_runtime.bench.entry import bench_entry
+from tp_runtime.bench.flops import prefill_flops, weight_params
 from tp_runtime.bench.measure import BreakTimer, ratio_stats
 from tp_runtime.bench.plots import write_plots
-from tp_runtime.bench.report import read_jsonl, write_jsonl
+from tp_runtime.bench.report import read_jsonl, split_records, write_jsonl
 from tp_runtime.bench.roofline import layer_cache_bytes, layer_weight_bytes, model_seconds, step_bytes
+from tp_runtime.bench.sweep import launch_plan
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
@@ -132,6 +135,12 @@ def test_tiny_sweep_under_ray(tmp_path, capsys):
     ("grid.parallel.tp=[3]", "'parallel.tp'=3 must divide"),
     ("grid.model.num_hidden_layers=two", "must be a non-empty list"),
     ("bench.repeats=0", "'bench.repeats' must be >= 1"),
+    ("bench.prefill_chunk=0", "'bench.prefill_chunk' must be a token count >= 1 or a non-empty list"),
+    ("bench.prefill_chunk=[512, 0]", "'bench.prefill_chunk' must be a token count >= 1 or a non-empty list"),
+    ("bench.prefill_chunk=[]", "'bench.prefill_chunk' must be a token count >= 1 or a non-empty list"),
+    ("bench.prefill_chunk=[8, x]", "'bench.prefill_chunk' must be int or list, got list [8, 'x']"),
+    ("bench.peak_tflops=0", "'bench.peak_tflops' must be a finite TFLOP/s > 0"),
+    ("bench.peak_tflops=.inf", "'bench.peak_tflops' must be a finite TFLOP/s > 0"),
     ("nonsense.key=1", "unknown key 'nonsense.key'"),
 ])
 def test_bad_sweep_keys_are_refused(word, needle):
@@ -271,10 +280,10 @@ def test_seeded_fill_writes_exactly_the_rows_a_prefill_writes(context, first):
     r4 = seeded.caches[1]  # a CSA layer: compressed rows 0..c//4-1 exactly
     assert int((r4.compressed[first] != 0).any(-1).sum()) == context // 4
     # Decode after the seeded fill: finite outputs and the scale of a normal step's output.
-    from tp_runtime.bench.loop import _decode_plan
+    from tp_runtime.bench.steps import decode_plan
     from tp_runtime.engine.workload import Workload
 
-    plan = _decode_plan(2, context, first)
+    plan = decode_plan(2, context, first)
     out, _ = seeded.step(plan, Workload([], 64, 0).step_inputs(plan, seeded.device, seeded.dtype))
     ref, _ = prefilled.step(plan, Workload([], 64, 0).step_inputs(plan, prefilled.device, prefilled.dtype))
     assert torch.isfinite(out).all()
@@ -379,6 +388,123 @@ def test_a_stopped_rank_ends_a_tp2_sweep_within_the_timeout(tmp_path):
     assert "rank 1 (host " in err[0] and "stopped answering" in err[0], err
     after = r.ended - stopped_at(r.stderr, 1)
     assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli also asserts no process is left
+
+
+# ------------------------------------------------------------------ the record's keys (BenchRecord.to_json)
+
+# The keys of an eager CPU point record (seeded cache) and of a comparison record as the records were built
+# before BenchRecord (dicts), captured from a tiny tp 1 run of that code: the JSON lines keep every key.
+POINT_KEYS_BEFORE = [
+    "kind", "name", "batch", "context", "variant", "cache_fill", "first_slot", "tp", "launcher", "mode",
+    "graph_mode", "break_scope", "graph_captured", "replayed_fraction", "graphs", "device", "device_name", "dtype",
+    "weight_format", "fp8_activations", "cache_format", "kernels", "pdl", "streams", "weight_bytes_per_rank",
+    "cache_bytes_per_rank", "memory_bytes_per_rank", "largest_batch_by_context", "layers", "layer_ratios",
+    "hidden_size", "num_attention_heads", "timer", "warmup_steps", "timed_steps", "repeats", "step_ms_median",
+    "step_ms_p90", "step_ms_min", "step_ms_max", "step_ms_repeats", "step_ms_ranks", "decode_tokens_per_s",
+    "outputs_finite", "allreduce", "allreduce_path", "allreduce_requested", "allreduce_reason",
+    "allreduce_threshold_bytes", "allreduce_buffer_bytes", "allreduce_probe_us", "break_ms_median",
+    "break_fraction", "break_host_fraction", "eager_breaks_per_step", "break_source", "kernels_per_step",
+    "copies_per_step", "gpu_busy_ms", "gpu_ms_by_kernel", "step_vs_gpu_busy", "profile_source", "prefill_chunk",
+    "prefill_ms_median", "prefill_tokens_per_s", "allreduce_bytes", "allreduce_ms_eager", "allreduce_ms_graph",
+    "allreduce_ms_path", "copy_GBps", "read_GBps", "roofline_GBps", "roofline_bandwidth", "copy_bytes",
+    "copy_method", "roofline_weight_bytes", "roofline_cache_bytes", "roofline_bytes", "roofline_comm_ms",
+    "roofline_model_ms", "roofline_ratio", "roofline_ratio_below_1", "fill_s"]
+PREFILL_FILL_KEYS_BEFORE = ["fill_prefill_tokens_per_s"]  # besides those, on a prefill-built point
+# Keys a point record has gained since: the host's time per step and the prefill throughput against FLOPs.
+ADDED_KEYS = ["host_ms_per_step", "prefill_context", "prefill_flops", "prefill_tflops", "prefill_peak_tflops",
+              "prefill_peak_share", "prefill_by_chunk"]
+PROJECTED_KEYS_BEFORE = [
+    "projected", "shard_of_tp", "shard_rank", "rank_step_ms", "rank_roofline_ms", "rank_roofline_ratio",
+    "projected_allreduce_us", "projected_comm_ms", "projected_step_ms", "projected_roofline_ms",
+    "projected_speedup", "projected_roofline_speedup", "projected_speedup_baseline"]
+COMPARISON_KEYS_BEFORE = [
+    "kind", "what", "name", "batch", "context", "variant", "tp", "variant_mode", "variant_lane", "baseline",
+    "device", "interleaved", "variant_ms_median", "baseline_ms_median", "speedup", "speedup_q1", "speedup_q3",
+    "speedup_min", "speedup_max", "repeats"]
+
+
+def _tiny_records(tmp_path: Path, *words: str) -> list[dict]:
+    """Rank 0's records of a tiny tp 1 sweep run in this process through bench_entry (batch 2, context 20)."""
+    sweep = load_sweep(TINY_SWEEP, ["grid.parallel.tp=[1]", "grid.bench.batch=[2]", "grid.bench.context=[20]",
+                                    "bench.repeats=1", f"bench.output={tmp_path}", *words])
+    (cfg, bench_dict), = launch_plan(sweep)
+    return bench_entry(cfg.to_dict(), bench_dict)
+
+
+def test_record_keys_are_those_of_the_dict_records_and_prefill_has_its_flops(tmp_path):
+    points, comps = split_records(_tiny_records(tmp_path, "grid.modes=[eager,breakable-hoisted]",
+                                                "bench.prefill_chunk=[8, 16]"))
+    seeded = [p for p in points if p["cache_fill"] == "seeded"]
+    prefilled = [p for p in points if p["cache_fill"] == "prefill"]
+    assert len(seeded) == len(prefilled) == 2 and {c["what"] for c in comps} == {"graphs_vs_eager",
+                                                                                   "prefill_vs_seeded"}
+    for p in seeded:
+        assert set(p) == set(POINT_KEYS_BEFORE + ADDED_KEYS), set(p) ^ set(POINT_KEYS_BEFORE + ADDED_KEYS)
+    for p in prefilled:
+        assert set(p) == set(POINT_KEYS_BEFORE + PREFILL_FILL_KEYS_BEFORE + ADDED_KEYS)
+    for c in comps:
+        assert set(c) == set(COMPARISON_KEYS_BEFORE)
+    # The values are the run's: this point, these lanes, these steps.
+    for p in points:
+        assert (p["batch"], p["context"], p["tp"], p["repeats"]) == (2, 20, 1, 1)
+        assert p["step_ms_median"] > 0 and p["fill_s"] > 0 and len(p["step_ms_repeats"]) == 1
+        # Both clocks are perf_counter on a CPU, and the step timer's marks sit just outside the host clock's
+        # around Worker.step: every step's host ms is at most its step ms, so the medians are ordered too.
+        assert 0 < p["host_ms_per_step"] <= p["step_ms_median"]
+        by_chunk = p["prefill_by_chunk"]  # one entry per chunk size, in order, each timed after the one before
+        assert [c["chunk"] for c in by_chunk] == [8, 16] and by_chunk[1]["context"] >= by_chunk[0]["context"] + 2 * 8
+        for c in by_chunk:
+            assert c["chunk_ms"] > 0 and c["flops"] > 0 and c["tflops"] > 0 and 0 < c["peak_share"] < 1
+            assert c["flops"] == prefill_flops(_tiny(), 1, c["context"], c["chunk"])
+            assert c["tokens_per_s"] == pytest.approx(c["chunk"] / (c["chunk_ms"] / 1e3))
+            assert c["peak_share"] == pytest.approx(c["tflops"] / 790.0)
+        first = by_chunk[0]  # the prefill_* fields are the first chunk size's
+        assert (p["prefill_chunk"], p["prefill_ms_median"], p["prefill_context"], p["prefill_flops"],
+                p["prefill_tflops"], p["prefill_peak_share"], p["prefill_peak_tflops"]) == (
+            8, first["chunk_ms"], first["context"], first["flops"], first["tflops"], first["peak_share"], 790.0)
+    assert {p["mode"] for p in seeded} == {"eager", "breakable-hoisted"}
+
+
+def test_prefill_flops_by_hand():
+    """tiny dims (test_roofline_bytes_by_hand), tp 2: a chunk of 4 tokens at positions 20..23."""
+    m = _tiny()
+    # GEMM parameters of a rank per layer: wq_a + wkv (32 + 32) * 64 = 4096, wq_b 8*32*32 / 2 = 4096, wo_a
+    # 64*64 / 2 = 2048, wo_b 64*64 / 2 = 2048; r = 128 adds its compressor's wkv + wgate 2*32*64 = 4096; r = 4 its
+    # compressor's 2*64*64 = 8192, the indexer's wq_b 8*16*32 = 4096, weights_proj 8*64 = 512, its compressor's
+    # 2*32*64 = 4096.
+    swa = 4096 + 4096 + 2048 + 2048
+    hca, csa = swa + 4096, swa + 8192 + 4096 + 512 + 4096
+    assert [weight_params(m, r, 2) for r in (0, 128, 4)] == [swa, hca, csa]
+    # ... which is every 2-D weight a tp 2 shard holds (rank 1's, counted by torch; the ape tables are added).
+    cpu = torch.device("cpu")
+    shard = AttentionStack(m, TPGroup(rank=1, size=2, device=cpu), 64, torch.float32, cpu)
+    held = sum(p.numel() for n, p in shard.named_parameters() if n.endswith(".weight") and p.dim() == 2)
+    assert held == 2 * (swa + csa + hca)  # layers [0, 4, 128, 4, 128, 0]
+    # Candidates at p = 20..23 (p + 1 = 21..24): window min(16, p + 1) = 16 rows each; r = 4 also picks
+    # min(8, (p + 1) // 4) = 5, 5, 5, 6 rows; r = 128 has (p + 1) // 128 = 0. A row costs a QK and a PV dot of
+    # D = 32 in each of Hl = 8 / 2 = 4 heads: 2 x 2 x 4 x 32 = 512 FLOPs.
+    window, picked = 4 * 16, 5 + 5 + 5 + 6
+    # The indexer (r = 4) scores (p + 1) // 4 = 5, 5, 5, 6 keys in Ih = 8 heads of Id = 16: 2 x 8 x 16 per key.
+    indexer = 2 * 8 * 16 * (5 + 5 + 5 + 6)
+    swa_f = 2 * swa * 4 + 512 * window  # 2 x params x 4 tokens + attention
+    hca_f = 2 * hca * 4 + 512 * window
+    csa_f = 2 * csa * 4 + 512 * (window + picked) + indexer
+    assert prefill_flops(m, 2, 20, 4) == 2 * (swa_f + csa_f + hca_f)
+    # Layers 3-4 alone (model.layers): one CSA and one HCA layer.
+    m.layers = "3-4"
+    assert prefill_flops(m, 2, 20, 4) == csa_f + hca_f
+
+
+def test_projected_record_keys_are_those_of_the_dict_records(tmp_path):
+    """A projected point (grid.shard_of_tp, given after loading: the loader refuses it on a CPU)."""
+    sweep = load_sweep(TINY_SWEEP, ["grid.parallel.tp=[1]", "grid.bench.batch=[2]", "grid.bench.context=[20]",
+                                    "bench.repeats=1", "bench.prefill_check=false", f"bench.output={tmp_path}"])
+    sweep.grid["shard_of_tp"] = [1, 2]
+    (cfg, bench_dict), = launch_plan(sweep)
+    points = bench_entry(cfg.to_dict(), bench_dict)
+    assert [p["shard_of_tp"] for p in points] == [1, 2]
+    for p in points:
+        assert set(p) == set(POINT_KEYS_BEFORE + PROJECTED_KEYS_BEFORE + ADDED_KEYS)
 
 
 # ------------------------------------------------------------------ GPU (pytest -m gpu)

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tp_runtime.bench.loop import _roofline_fields, bench_entry
+from tp_runtime.bench.entry import bench_entry
+from tp_runtime.bench.lane_record import roofline
 from tp_runtime.bench.measure import allreduce_ms
 from tp_runtime.bench.plots import write_plots
 from tp_runtime.bench.projection import add_speedups, rank_fields, shard_group
+from tp_runtime.bench.record import Point
 from tp_runtime.bench.report import print_tables, read_jsonl, split_records, summary
 from tp_runtime.bench.sweep import launch_plan
 from tp_runtime.bench.sweep_config import load_sweep
@@ -188,11 +190,11 @@ def test_roofline_fields_flag_a_ratio_below_1():
     w = Worker(cfg, single_process(torch.device("cpu")))
     machine = {"copy_GBps": 1.0, "read_GBps": 0.5, "roofline_GBps": 1.0, "roofline_bandwidth": "copy",
                "copy_bytes": 2**20, "copy_method": "m"}
-    point, ar = {"batch": 1, "context": 20}, {"allreduce_ms_graph": None, "allreduce_ms_eager": 0.0}
-    f = _roofline_fields(machine, w, point, ar, step_ms=1e3, tp=1, projected_allreduce_us=5.0)
+    point, ar = Point(batch=1, context=20, variant="base"), {"allreduce_ms_graph": None, "allreduce_ms_eager": 0.0}
+    f = roofline(machine, w, point, ar, step_ms=1e3, tp=1, projected_allreduce_us=5.0).to_json()
     model_ms = f["roofline_bytes"] / 1e9 * 1e3  # bytes over 1 GB/s
     assert f["roofline_model_ms"] == pytest.approx(model_ms) and not f["roofline_ratio_below_1"]
-    fast = _roofline_fields(machine, w, point, ar, step_ms=model_ms / 2, tp=1, projected_allreduce_us=5.0)
+    fast = roofline(machine, w, point, ar, step_ms=model_ms / 2, tp=1, projected_allreduce_us=5.0).to_json()
     assert fast["roofline_ratio"] == pytest.approx(0.5) and fast["roofline_ratio_below_1"] is True
     assert "projected" not in f and f["copy_bytes"] == 2**20
 

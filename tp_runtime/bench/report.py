@@ -21,7 +21,7 @@ from tp_runtime.paths import atomic_output
 
 PLOT_FILES = ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png",
               "projected_speedup_vs_tp.png")  # plots.py
-# Every file a sweep may write in <output>/<name>/ (partial.jsonl and profile_view.txt: bench/loop.py).
+# Every file a sweep may write in <output>/<name>/ (partial.jsonl: bench/entry.py; profile_view.txt: bench/steps.py).
 OUTPUT_FILES = ("points.jsonl", "comparisons.jsonl", "summary.json", "partial.jsonl", "profile_view.txt",
                 *PLOT_FILES)
 

@@ -6,7 +6,7 @@
     tp-runtime bench configs/bench_scaling.yaml parallel.launcher=ray
     python -m tp_runtime.parallel.torchrun_main --nproc-per-node 2 -m tp_runtime.bench configs/bench_scaling.yaml
 
-One launch per tp value runs `loop.bench_entry` on every rank (in this process for tp = 1, the
+One launch per tp value runs `entry.bench_entry` on every rank (in this process for tp = 1, the
 elastic agent for tp > 1, Ray actors, or the processes torchrun started). Results go to
 <bench.output>/<name>/: points.jsonl, comparisons.jsonl, summary.json and PNG plots; the tables
 follow, and the last stdout line is the JSON summary. Rank 0 also appends each point's records to
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tp_runtime.bench.loop import bench_entry, partial_log
+from tp_runtime.bench.entry import bench_entry, partial_log
 from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.bench.sweep_memory import check_sweep_memory

@@ -84,8 +84,9 @@ class BenchSettings:
     profile_steps: int = 2  # extra steps under the torch profiler: kernels per step, GPU busy ms (0: off)
     profile: bool = False  # also per point and lane: a Chrome trace of profile_steps eager steps of its path
     #                        and GPU ms by group (weight GEMMs, attention, indexer, ...) in profile_view.txt
-    prefill_chunk: int = 256  # tokens of the timed prefill chunk (one sequence)
-    prefill_steps: int = 2  # timed prefill chunks per point, after one untimed chunk
+    prefill_chunk: int | list[int] = 256  # tokens of the timed prefill chunk (one sequence); a list: each size
+    prefill_steps: int = 2  # timed prefill chunks per point and chunk size, after one untimed chunk
+    peak_tflops: float = 790.0  # prefill_peak_share's peak: dense bf16 TFLOP/s cuBLAS attains on an H200
     allreduce_iters: int = 50  # all-reduces per timing of the [batch, hidden] message
     copy_mib: int = 256  # buffer of the bandwidth measurement (copy and read-only stream); >= 1024 on a GPU
     compare_tp1: bool = True  # tp > 1: rank 0 also holds tp = 1 Workers, interleaved, for speedups
@@ -95,6 +96,11 @@ class BenchSettings:
     seed: int = 0  # seed of decode inputs and of seeded cache rows
     shard_rank: int = 0  # grid.shard_of_tp: the rank whose shard is built (a rank of every shard_of_tp value)
     projected_allreduce_us: float = 5.0  # grid.shard_of_tp: the all-reduce latency per layer a projection assumes
+
+    @property
+    def prefill_chunks(self) -> list[int]:
+        """The timed prefill chunk sizes, in order (bench.prefill_chunk as a list)."""
+        return list(self.prefill_chunk) if isinstance(self.prefill_chunk, list) else [self.prefill_chunk]
 
 
 @dataclass
@@ -135,7 +141,7 @@ class SweepConfig:
         every mode (the modes' lanes continue the same sequences)."""
         b = self.bench
         per_mode = (b.warmup_steps + b.repeats * b.timed_steps + b.break_steps + b.profile_steps * (1 + b.profile)
-                    + (1 + b.prefill_steps) * b.prefill_chunk)
+                    + (1 + b.prefill_steps) * sum(b.prefill_chunks))
         return len(self.modes) * per_mode
 
     def worker_config(self, tp: int, variant: tuple[tuple[str, Any], ...], mode: str) -> RunConfig:
@@ -158,8 +164,8 @@ class SweepConfig:
         # The prefill check runs its smallest batch on a second set of slots beside the seeded ones.
         slots = max(batches + ([2 * min(batches)] if self.bench.prefill_check else []))
         data.setdefault("runtime", {}).update(
-            max_seqs=slots, max_len=max(contexts) + self.headroom(), prefill_chunk=self.bench.prefill_chunk,
-            max_tokens_per_step=max(max(batches), self.bench.prefill_chunk))
+            max_seqs=slots, max_len=max(contexts) + self.headroom(), prefill_chunk=max(self.bench.prefill_chunks),
+            max_tokens_per_step=max(batches + self.bench.prefill_chunks))
         data["graph"] = {**data.get("graph", {}), "mode": graph_mode, "break_scope": scope,
                          "capture_sizes": sorted(set(batches), reverse=True)}
         where = ", ".join(f"{k}={v!r}" for k, v in variant) or "base"
@@ -262,9 +268,14 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
         raise ConfigError(f"{src}: grid 'modes' holds {bad}; allowed modes: {list(MODES)}, each optionally with "
                           f"@ and settings joined by + ({', '.join(LANE_SETTINGS)})")
     b = sweep.bench
-    for name in ("timed_steps", "repeats", "prefill_chunk", "allreduce_iters", "copy_mib"):
+    for name in ("timed_steps", "repeats", "allreduce_iters", "copy_mib"):
         if getattr(b, name) < 1:
             raise ConfigError(f"{src}: 'bench.{name}' must be >= 1, got {getattr(b, name)}")
+    if not b.prefill_chunks or min(b.prefill_chunks) < 1:
+        raise ConfigError(f"{src}: 'bench.prefill_chunk' must be a token count >= 1 or a non-empty list of them, "
+                          f"got {b.prefill_chunk}")
+    if not math.isfinite(b.peak_tflops) or b.peak_tflops <= 0:
+        raise ConfigError(f"{src}: 'bench.peak_tflops' must be a finite TFLOP/s > 0, got {b.peak_tflops}")
     for name in ("warmup_steps", "break_steps", "profile_steps", "prefill_steps"):
         if getattr(b, name) < 0:
             raise ConfigError(f"{src}: 'bench.{name}' must be >= 0, got {getattr(b, name)}")

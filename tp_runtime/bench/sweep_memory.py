@@ -3,13 +3,13 @@
     check_sweep_memory(sweep)     # `tp-runtime bench`: ConfigError naming the grid keys and sizes, or nothing
 
 Per (tp, model variant) group, every rank holds one shard (weights, caches) per distinct runtime section
-of its modes' Workers (bench/loop.py shares the rest, _shard_key) and a workspace per Worker; rank 0 at
+of its modes' Workers (bench/lanes.py shares the rest, shard_key) and a workspace per Worker; rank 0 at
 tp > 1 also holds the tp = 1 baselines (bench.compare_tp1). Sizes and budgets are memory_fit.py's.
 """
 
 from __future__ import annotations
 
-from tp_runtime.bench.loop import _shard_key
+from tp_runtime.bench.lanes import shard_key
 from tp_runtime.bench.sweep_config import SweepConfig
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.memory_fit import Budget, device_budget, device_type, rank_memory, refusal
@@ -24,15 +24,15 @@ BENCH_ADVICE = {"weights": "the weights are set by the model and grid 'parallel.
 
 def _group_memory(sweep: SweepConfig, tp: int, variant: tuple, kind: str) -> tuple[dict, dict, RunConfig]:
     """Bytes by part on rank 0 and on any other rank of one (tp, variant) group: one shard per distinct
-    runtime section of its modes' Workers (bench/loop.py shares the rest), a workspace per Worker, and on
+    runtime section of its modes' Workers (bench/lanes.py shares the rest), a workspace per Worker, and on
     rank 0 at tp > 1 the tp = 1 baselines' shards and Workers too (bench.compare_tp1)."""
 
     def held(cfgs: list[RunConfig]) -> dict[str, int]:
         parts, shards = {"weights": 0, "caches": 0, "workspace": 0}, set()
         for cfg in cfgs:
             mem = rank_memory(cfg, kind)
-            if _shard_key(cfg) not in shards:
-                shards.add(_shard_key(cfg))
+            if shard_key(cfg) not in shards:
+                shards.add(shard_key(cfg))
                 parts["weights"] += mem["weights"]
                 parts["caches"] += mem["caches"]
             parts["workspace"] += mem["workspace"]

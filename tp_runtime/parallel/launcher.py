@@ -7,7 +7,7 @@
 
 check_launchable(cfg) refuses, before anything starts, what run_on_ranks cannot start from this process.
 
-Every path calls the given per-rank entry (`engine.entry.worker_entry`, `bench.loop.bench_entry`) with
+Every path calls the given per-rank entry (`engine.entry.worker_entry`, `bench.entry.bench_entry`) with
 the config dict first: the same code on every rank. This module imports no engine code.
 """
 

@@ -1,5 +1,5 @@
 """Ray launcher: one actor per rank in one placement group, every actor running the per-rank entry
-(`engine.entry.worker_entry` for runs, `bench.loop.bench_entry` for benchmarks).
+(`engine.entry.worker_entry` for runs, `bench.entry.bench_entry` for benchmarks).
 
     launch_ray(cfg)    RAY_ADDRESS unset: an embedded Ray on 127.0.0.1 (tp logical CPUs, no dashboard)
                        RAY_ADDRESS set (as under `ray job submit`): join that cluster, shipping this
