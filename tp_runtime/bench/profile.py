@@ -192,12 +192,6 @@ def record_trace(run: Callable[[], None], trace: str | None) -> dict:
             return json.load(f)
 
 
-def profile_view(run: Callable[[], None], n_steps: int, trace: str | None) -> dict[str, float]:
-    """Run `run` (n_steps eager steps of the lane's path) under the profiler with Python stacks; write the
-    trace to `trace` (None: a temporary file); return GPU ms per step by group and in all."""
-    return group_trace(record_trace(run, trace), n_steps)
-
-
 def view_table(rows: list[dict]) -> str:
     """Rows {lane, batch, context, <group>: ms} -> a text table, one line per lane and point."""
     head = f"{'lane':<22} {'batch':>5} {'ctx':>6} " + " ".join(f"{g[:12]:>12}" for g in GROUPS) + f" {'total':>8}"

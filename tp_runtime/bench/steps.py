@@ -13,7 +13,7 @@ from tp_runtime.bench.cache_fill import fill_by_prefill, fill_seeded
 from tp_runtime.bench.env import BenchEnv
 from tp_runtime.bench.lanes import Lane
 from tp_runtime.bench.measure import BreakTimer
-from tp_runtime.bench.profile import profile_steps, profile_view, view_table
+from tp_runtime.bench.profile import group_trace, kernels_by_layer_kind, profile_steps, record_trace, view_table
 from tp_runtime.bench.sweep_config import BenchSettings
 from tp_runtime.engine.workload import Workload
 from tp_runtime.executor.plan import SeqChunk, StepPlan
@@ -101,19 +101,26 @@ def profile_lane(env: BenchEnv, lane: Lane, batch: int, context: int) -> dict:
 
 
 def _profile_view(env: BenchEnv, lane: Lane, batch: int, context: int) -> dict:
-    """The profile view of eager steps; rank 0 writes the trace and appends the table to profile_view.txt."""
-    s, trace = env.s, None
+    """The profile view of eager steps, with the stack's layer ranges on: GPU ms by group and kernels per
+    layer kind (main and side stream); rank 0 writes the trace and appends the table to profile_view.txt."""
+    s, trace, stack = env.s, None, lane.worker.stack
     if env.log is not None:  # rank 0 writes
         name = lane.name.replace(":", "_").replace("@", "_")
         trace = env.log.parent / "traces" / f"{name}-b{batch}-c{context}.json"
         trace.parent.mkdir(exist_ok=True)
-    view = profile_view(lambda: decode(lane, batch, s.profile_steps, s.seed, replay=False), s.profile_steps,
-                        str(trace) if trace else None)
+    stack.annotate_layers = True
+    try:
+        events = record_trace(lambda: decode(lane, batch, s.profile_steps, s.seed, replay=False),
+                              str(trace) if trace else None)
+    finally:
+        stack.annotate_layers = False
     if trace is None:
         return {}
+    view = group_trace(events, s.profile_steps)
     with (env.log.parent / "profile_view.txt").open("a") as f:
         f.write(view_table([{"lane": lane.name, "batch": batch, "context": context, **view}]) + "\n\n")
-    return {"profile_view_ms": view, "profile_trace": trace.name}
+    return {"profile_view_ms": view, "profile_trace": trace.name,
+            "kernels_by_layer_kind": kernels_by_layer_kind(events, s.profile_steps)}
 
 
 @dataclass

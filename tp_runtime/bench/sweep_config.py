@@ -83,7 +83,8 @@ class BenchSettings:
     break_steps: int = 2  # extra steps timed with per-break events (kept out of the step times)
     profile_steps: int = 2  # extra steps under the torch profiler: kernels per step, GPU busy ms (0: off)
     profile: bool = False  # also per point and lane: a Chrome trace of profile_steps eager steps of its path
-    #                        and GPU ms by group (weight GEMMs, attention, indexer, ...) in profile_view.txt
+    #                        and GPU ms by group (weight GEMMs, attention, indexer, ...) in profile_view.txt;
+    #                        kernels per layer kind (main and side stream) in the records
     prefill_chunk: int | list[int] = 256  # tokens of the timed prefill chunk (one sequence); a list: each size
     prefill_steps: int = 2  # timed prefill chunks per point and chunk size, after one untimed chunk
     peak_tflops: float = 790.0  # prefill_peak_share's peak: dense bf16 TFLOP/s cuBLAS attains on an H200
