@@ -23,9 +23,10 @@ from tp_runtime.weights.seeded import counters, normal_of_counters, token_keys
 class InputStaging:
     """One device's input path: its ring of pinned buffers (CUDA) and the hidden channels' counters."""
 
-    def __init__(self, device: torch.device, hidden: int):
+    def __init__(self, device: torch.device, hidden: int, ring: HostRing | None = None):
+        """ring: None takes the device's (`HostRing.for_device`: pinned buffers on CUDA, none on a CPU)."""
         self.device, self.hidden = device, hidden
-        self.ring = HostRing.for_device(device)
+        self.ring = ring if ring is not None else HostRing.for_device(device)
         # normal(key, channel)'s key-independent half, [1, hidden] each: computed once, not every step.
         self._counters = counters(torch.arange(hidden, dtype=torch.long, device=device)[None])
 

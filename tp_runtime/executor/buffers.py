@@ -20,14 +20,16 @@ class StepBuffers:
     """Static device buffers for up to `capacity` tokens; `load` fills them for one plan."""
 
     def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device, trash_slot: int,
-                 plan: IndexPlan):
+                 plan: IndexPlan, ring: HostRing | None = None):
+        """ring: the host staging of the metadata rows; None takes the device's (`HostRing.for_device`: pinned
+        buffers on CUDA, none on a CPU)."""
         self.capacity, self.trash_slot, self.plan = capacity, trash_slot, plan
         self.x = torch.zeros(capacity, hidden, dtype=dtype, device=device)
         # Metadata rows: slot, pos, start_idx, start_pos, last_pos.
         self.meta = torch.zeros(5, capacity, dtype=torch.long, device=device)
         # CUDA: host rows [5, n] go through pinned buffers into one contiguous device row block [5 * capacity]
         # (one copy), then into meta[:, :n] (a strided view: a device-side copy). CPU: copied in directly.
-        self._ring = HostRing.for_device(device)
+        self._ring = ring if ring is not None else HostRing.for_device(device)
         self._meta_in = torch.zeros(5 * capacity, dtype=torch.long, device=device) if self._ring is not None else None
         self.index = plan.compute(*self.meta, trash=trash_slot)  # static: recomputed in place each step
 

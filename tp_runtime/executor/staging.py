@@ -59,6 +59,11 @@ class HostRing:
     def depth(self) -> int:
         return len(self._buffers)
 
+    @property
+    def current(self) -> torch.Tensor:
+        """The whole buffer (bytes) the last `take` returned a view of."""
+        return self._buffers[self._current]
+
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The next buffer, as a contiguous host tensor of `shape` and `dtype`, once no copy from it is
         pending (waits on its event if the GPU has not yet run that copy). Fill it, then `send` it."""
@@ -77,7 +82,7 @@ class HostRing:
     def send(self, buf: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out.copy_(buf) queued without waiting (buf: the tensor `take` just returned, filled), then the
         event that frees buf's buffer. Returns out."""
-        if buf.data_ptr() != self._buffers[self._current].data_ptr():
+        if buf.data_ptr() != self.current.data_ptr():
             raise ValueError("send takes the buffer the last take returned")
         out.copy_(buf, non_blocking=True)
         self._events[self._current].record()
