@@ -56,6 +56,10 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "steps": res.steps,
         "wall_s": round(res.wall_s, 4),
         "decode_step_ms_median": res.decode_step_ms_median,
+        "host_ms_per_step": res.host_ms_per_step,  # the host's own work per step, median (driver.Driver)
+        "host_ms_per_decode_step": res.host_ms_per_decode_step,
+        "host_ms_by_part": res.host_ms_by_part_median,  # schedule, inputs, step, account: medians over steps
+        "host_wait_s": res.host_wait_s,  # waiting for a pinned buffer: the host was 3 steps ahead of the GPU
         "tokens_per_s": tokens / res.wall_s if res.wall_s > 0 else None,
         "output_checksum": res.output_checksum if math.isfinite(res.output_checksum) else None,
         "output_checksum_finite": math.isfinite(res.output_checksum),
@@ -93,12 +97,20 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     if rec["graphs"] or rec["steps_by_path"].get("full"):
         paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
         print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in rec["host_ms_by_part"].items())
+    waited = f"; waited {rec['host_wait_s']:.3f} s for a pinned buffer" if rec["host_wait_s"] else ""
+    print(f"  host per step {_ms(rec['host_ms_per_step'])} median ({parts} ms), decode steps "
+          f"{_ms(rec['host_ms_per_decode_step'])}{waited}")
     print(f"  caches {rec['cache_bytes_per_rank'] / 2**20:.1f} MiB per rank ({rec['cache_format']})")
     checksum = "NOT FINITE" if rec["output_checksum"] is None else f"{rec['output_checksum']:.6f}"
     print(f"  wall {rec['wall_s']:.3f} s, {rec['tokens_per_s'] or 0:.1f} tokens/s, decode step median "
           f"{'n/a' if med is None else f'{med:.3f} ms'}; output checksum {checksum}")
     print(strict_json(rec), flush=True)
     return rec
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} ms"
 
 
 def _graphs_said(rec: dict) -> str:

@@ -1,7 +1,8 @@
 """What a run processes: requests (prompt and decode lengths) and each token's input hidden state.
 
 Inputs are either derived from (seed, request, position) by a counter-based hash, identical on every
-rank, device, tp and launcher, or read from a user's safetensors file. File format (README):
+rank, device, tp and launcher, or read from a user's safetensors file. A step's rows reach the device
+through pinned buffers copied without waiting (`input_staging.py`). File format (README):
 `input.{i}` [prompt_len_i + decode_len_i, hidden_size] floating, for i = 0..R-1, and `prompt_len`
 int64 [R]. `dump` writes the same keys plus `output.{i}` [L_i, hidden_size] float32.
 """
@@ -16,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import RunConfig
+from tp_runtime.engine.input_staging import InputStaging
 from tp_runtime.executor.plan import StepPlan
 from tp_runtime.paths import atomic_output
 from tp_runtime.weights.seeded import token_rows
@@ -40,15 +42,22 @@ class Workload:
     def __init__(self, requests: list[Request], hidden: int, seed: int,
                  inputs: dict[int, torch.Tensor] | None = None):
         self.requests, self.hidden, self.seed, self._inputs = requests, hidden, seed, inputs
+        self._staging: dict[torch.device, InputStaging] = {}  # per device its pinned ring (CUDA), made on first use
 
     def step_inputs(self, plan: StepPlan, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """Input rows [T, hidden] of a step, in the plan's token order."""
+        """Input rows [T, hidden] of a step, in the plan's token order: a new tensor on `device`, made
+        without waiting on it (`input_staging.py`: host data through pinned buffers, rows drawn there)."""
+        staging = self._staging.get(device)
+        if staging is None:
+            staging = self._staging[device] = InputStaging(device, self.hidden)
         if self._inputs is not None:
-            rows = [self._inputs[c.request][c.start: c.start + c.length] for c in plan.chunks]
-            return torch.cat(rows).to(device=device, dtype=dtype)
-        req = torch.cat([torch.full((c.length,), c.request, dtype=torch.long) for c in plan.chunks])
-        pos = torch.cat([torch.arange(c.start, c.start + c.length) for c in plan.chunks])
-        return token_rows(self.seed, req.to(device), pos.to(device), self.hidden).to(dtype)
+            return staging.rows([self._inputs[c.request][c.start: c.start + c.length] for c in plan.chunks], dtype)
+        return staging.seeded(self.seed, plan, dtype)
+
+    @property
+    def input_wait_s(self) -> float:
+        """Seconds `step_inputs` waited for a pinned buffer to be free (the host was a ring's depth ahead)."""
+        return sum(s.wait_s for s in self._staging.values())
 
     def request_inputs(self, r: Request, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """All input rows [L, hidden] of one request (the oracle's and the dump's view)."""

@@ -38,12 +38,10 @@ class StepPlan:
     def encode(self, capacity: int) -> torch.Tensor:
         if len(self.chunks) > capacity:
             raise ValueError(f"plan has {len(self.chunks)} chunks, capacity {capacity}")
-        t = torch.zeros(1 + self.FIELDS * capacity, dtype=torch.long)
-        t[0] = len(self.chunks)
-        for i, c in enumerate(self.chunks):
-            t[1 + i * self.FIELDS: 1 + (i + 1) * self.FIELDS] = torch.tensor(
-                [c.request, c.slot, c.start, c.length, int(c.decode)])
-        return t
+        wire = [len(self.chunks)]  # built as one list, then one tensor: no tensor op per chunk
+        for c in self.chunks:
+            wire += (c.request, c.slot, c.start, c.length, int(c.decode))
+        return torch.tensor(wire + [0] * (self.FIELDS * (capacity - len(self.chunks))), dtype=torch.long)
 
     @classmethod
     def decode_wire(cls, t: torch.Tensor) -> "StepPlan":

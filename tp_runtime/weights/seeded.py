@@ -27,8 +27,19 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def normal(key: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """N(0, 1) fp32 for every pair of broadcast int64 key and index (index < 2^31)."""
-    u1 = (mix32(key ^ mix32(2 * index)).double() + 0.5) / 2**32
-    u2 = (mix32(key ^ mix32(2 * index + 1)).double() + 0.5) / 2**32
+    return normal_of_counters(key, *counters(index))
+
+
+def counters(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hashed counters of draw `index`'s two uniforms: mix32(2 i), mix32(2 i + 1) (key-independent,
+    so a caller drawing the same indices under many keys computes them once)."""
+    return mix32(2 * index), mix32(2 * index + 1)
+
+
+def normal_of_counters(key: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor) -> torch.Tensor:
+    """`normal(key, index)` from index's `counters`: two uniforms in (0, 1), then Box-Muller."""
+    u1 = (mix32(key ^ c1).double() + 0.5) / 2**32
+    u2 = (mix32(key ^ c2).double() + 0.5) / 2**32
     return (torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * math.pi * u2)).float()
 
 
@@ -48,5 +59,11 @@ def named_normal(seed: int, name: str, shape: tuple[int, ...], device: torch.dev
 
 def token_rows(seed: int, request: torch.Tensor, pos: torch.Tensor, hidden: int) -> torch.Tensor:
     """Rows [T, hidden] that depend only on (seed, request, position, channel)."""
-    key = mix32(mix32(mix32(torch.full_like(pos, seed)) ^ request) ^ pos)[:, None]  # [T, 1]
-    return normal(key, torch.arange(hidden, device=pos.device, dtype=torch.long)[None])
+    channels = torch.arange(hidden, device=pos.device, dtype=torch.long)
+    return normal(token_keys(seed, request, pos)[:, None], channels[None])  # [T, 1] keys x [1, hidden]
+
+
+def token_keys(seed: int, request: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Each token's stream key [T] int64 from int64 request ids and positions [T]: integer ops only, so
+    the same bits on any device (the run makes them on the host and sends T keys, not T x hidden rows)."""
+    return mix32(mix32(mix32(torch.full_like(pos, seed)) ^ request) ^ pos)
