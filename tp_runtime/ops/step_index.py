@@ -117,16 +117,22 @@ def _floats(cis: torch.Tensor, n: int, dr: int) -> torch.Tensor:
     return torch.view_as_real(cis).flatten(1)
 
 
+RING_DTYPES = (torch.bool, torch.long, torch.long, torch.bool, torch.long)  # a RingIndex's fields
+
+
 def _check(T: int, meta: Sequence[torch.Tensor], rings: Mapping[int, Sequence[torch.Tensor]],
            blocks: Mapping[int, Sequence[torch.Tensor]]) -> None:
-    """ValueError unless the metadata are contiguous [T] long rows and the integer outputs hold T rows."""
-    if not all(_rows(m, T) and m.shape == (T,) and m.dtype == torch.long for m in meta):
+    """ValueError unless the metadata are contiguous [T] long rows and the integer outputs hold T rows of
+    their fields' dtypes (the kernel stores bytes of those types)."""
+    if not all(m.shape == (T,) and m.is_contiguous() and m.dtype == torch.long for m in meta):
         raise ValueError(f"step_index: metadata rows must be contiguous [{T}] long")
     for R, out in rings.items():
-        if not (all(_rows(o, T, R) for o in out[:4]) and _rows(out[4], T)):
-            raise ValueError(f"step_index: ring {R}'s outputs must be contiguous [N >= {T}, {R}] and [N >= {T}]")
-    if not all(_rows(o, T) for out in blocks.values() for o in out[:4]):
-        raise ValueError(f"step_index: block outputs must be contiguous [N >= {T}]")
+        if not (all(_rows(o, T, R) for o in out[:4]) and _rows(out[4], T)
+                and tuple(o.dtype for o in out) == RING_DTYPES):
+            raise ValueError(f"step_index: ring {R}'s outputs must be contiguous [N >= {T}, {R}] (bool, long, long, "
+                             f"bool) and [N >= {T}] long")
+    if not all(_rows(o, T) and o.dtype == torch.long for out in blocks.values() for o in out[:4]):
+        raise ValueError(f"step_index: block outputs must be contiguous [N >= {T}] long")
 
 
 def step_index(slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,

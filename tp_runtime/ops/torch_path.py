@@ -1,9 +1,9 @@
 """The torch twins of every stage-B kernel, in plain torch: the semantics, and the CPU path.
 
 RMSNorm, GPT-J rotary, query / key head preparation, the gated-pooling compressor, row gathers from ring
-caches, indexer top-K, sparse attention with sink, and the per-step index. They run on CPU and GPU alike and define what any
-faster kernel must reproduce: the Triton kernels of tp_runtime/ops/ take the same arguments and compute
-the same values (`ops/triton_path.py` binds them; `ops/select.py` picks one set per shard).
+caches, indexer top-K, sparse attention with sink, and the per-step index. They run on CPU and GPU alike
+and define what any faster kernel must reproduce: the Triton kernels of tp_runtime/ops/ take the same
+arguments and compute the same values (`ops/triton_path.py` binds them; `ops/select.py` picks one set per shard).
 Work is split into token chunks so that gathered candidates stay within a fixed memory budget.
 """
 
