@@ -27,6 +27,7 @@ from tp_runtime.executor.plan import SeqChunk, StepPlan
 from tp_runtime.executor.staging import HostRing
 from tp_runtime.executor.timing import HostLaps
 from tp_runtime.model.step_index import IndexPlan
+from tp_runtime.ops.torch_path import TorchBackend
 
 CPU = torch.device("cpu")
 HIDDEN, SEED = 64, 11
@@ -210,7 +211,8 @@ def test_step_buffers_load_the_same_metadata_through_the_ring(staging_ring):
     index_plan = IndexPlan(m, [m.compress_ratios[i] for i in m.layer_ids()], 256, CPU)
     gpu = FakeGPU()
     ring = gpu.make_ring() if staging_ring else None
-    buffers = StepBuffers(32, HIDDEN, torch.float32, CPU, trash_slot=9, plan=index_plan, ring=ring)
+    buffers = StepBuffers(32, HIDDEN, torch.float32, CPU, trash_slot=9, plan=index_plan, backend=TorchBackend(),
+                          ring=ring)
     wl, want = Workload([], HIDDEN, SEED), []
     for plan in PLANS * 2:  # more loads than buffers in the ring
         for n_padded in (plan.n_tokens, plan.n_tokens + 5):  # exact and padded

@@ -14,16 +14,17 @@ from tp_runtime.executor.plan import StepPlan
 from tp_runtime.executor.staging import HostRing
 from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.step_index import IndexPlan
+from tp_runtime.ops.select import KernelBackend
 
 
 class StepBuffers:
     """Static device buffers for up to `capacity` tokens; `load` fills them for one plan."""
 
     def __init__(self, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device, trash_slot: int,
-                 plan: IndexPlan, ring: HostRing | None = None):
-        """ring: the host staging of the metadata rows; None takes the device's (`HostRing.for_device`: pinned
-        buffers on CUDA, none on a CPU)."""
-        self.capacity, self.trash_slot, self.plan = capacity, trash_slot, plan
+                 plan: IndexPlan, backend: KernelBackend, ring: HostRing | None = None):
+        """backend: the shard's kernels, which compute the step index; ring: the host staging of the metadata
+        rows; None takes the device's (`HostRing.for_device`: pinned buffers on CUDA, none on a CPU)."""
+        self.capacity, self.trash_slot, self.plan, self.backend = capacity, trash_slot, plan, backend
         self.x = torch.zeros(capacity, hidden, dtype=dtype, device=device)
         # Metadata rows: slot, pos, start_idx, start_pos, last_pos.
         self.meta = torch.zeros(5, capacity, dtype=torch.long, device=device)
@@ -86,8 +87,8 @@ class StepBuffers:
 
     def compute_index(self, n_padded: int) -> None:
         """The step index of the first n_padded tokens, from the metadata buffers into the static index
-        (device work only: capturable)."""
-        self.index.assign(self.plan.compute(*self.meta[:, :n_padded], trash=self.trash_slot))
+        (device work only: capturable; one launch on the Triton backend)."""
+        self.plan.compute_into(self.index, *self.meta[:, :n_padded], trash=self.trash_slot, backend=self.backend)
 
     def view(self, n_padded: int, n_tokens: int, max_pos: int, decode: bool = False) -> StepBatch:
         """The batch over the first n_padded rows as they stand (no copies: safe inside a capture); decode:

@@ -89,7 +89,7 @@ class ModelShard:
         load_report.setdefault("param_bytes", sum(p.numel() * p.element_size() for p in stack.parameters()))
         capacity = buffer_capacity(cfg, oneshot)
         buffers = StepBuffers(capacity, cfg.model.hidden_size, dtype, device, trash_slot=rt.max_seqs,
-                              plan=stack.index_plan)
+                              plan=stack.index_plan, backend=backend)
         attn_out = torch.zeros(capacity, stack.attn_out_width(), dtype=dtype, device=device)
         return cls(cfg, tp, dtype, stack, load_report, stack.allocate_caches(rt.max_seqs, rt.max_len), buffers,
                    attn_out, LiveBatch())

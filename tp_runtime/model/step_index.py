@@ -4,7 +4,8 @@ Every layer of a stack asks the same questions of a step: where each token finds
 last R positions (window ring, compressor state rings), where its own row is stored, which
 compressed block it completes, and its rotary angles. Answering them in each layer costs some 40
 small kernels per layer; here they are answered once per step into static buffers (`StepBuffers`),
-before a graph replays, so captured segments and eager breaks read the same tensors.
+before a graph replays, so captured segments and eager breaks read the same tensors. `IndexPlan.compute_into`
+fills them through the kernel backend: one Triton launch (ops/step_index.py), or its torch twin.
 
 Shapes below: T tokens of the step (padded), R rows of a ring, Dr/2 rotary pairs.
 """
@@ -12,13 +13,17 @@ Shapes below: T tokens of the step (padded), R rows of a ring, Dr/2 rotary pairs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.cache import ring_length
 from tp_runtime.model.rope import RotaryTable
+from tp_runtime.ops.torch_path import block_rows, ring_rows
+
+if TYPE_CHECKING:
+    from tp_runtime.ops.select import KernelBackend
 
 
 class RingIndex(NamedTuple):
@@ -90,20 +95,21 @@ class IndexPlan:
         blocks = {r: block_index(r, slot, pos, trash, self.tables["compressed"]) for r in self.ratios}
         return StepIndex(rings, cis, blocks)
 
+    def compute_into(self, index: StepIndex, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor,
+                     start_pos: torch.Tensor, last_pos: torch.Tensor, trash: int, backend: "KernelBackend") -> None:
+        """`compute`'s values for T tokens written into the first T rows of index (one this plan computed), by
+        the backend's `step_index`: on the Triton backend one launch, no intermediate tensors."""
+        angles = [(self.tables[kind].cis, out) for kind, out in index.cis.items()]
+        table = self.tables["compressed"].cis if self.ratios else None
+        backend.step_index(slot, pos, start_idx, start_pos, last_pos, trash, index.rings, angles, index.blocks, table)
+
 
 def ring_index(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                last_pos: torch.Tensor, trash: int) -> RingIndex:
     """Where each token (metadata rows [T]) reads and writes a ring of R rows."""
-    qpos = pos[:, None] + torch.arange(1 - R, 1, device=pos.device)  # [T, R]
-    rel = qpos - start_pos[:, None]  # >= 0: inside the step's chunk
-    keep = torch.where(pos > last_pos - R, slot, trash)
-    return RingIndex(rel >= 0, (start_idx[:, None] + rel).clamp(min=0), slot[:, None] * R + qpos.remainder(R),
-                     qpos >= 0, keep * R + pos.remainder(R))
+    return RingIndex(*ring_rows(R, slot, pos, start_idx, start_pos, last_pos, trash))
 
 
 def block_index(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int, table: RotaryTable) -> BlockIndex:
     """Each token's compressed block for ratio r; rotary angles from table."""
-    block = pos.div(r, rounding_mode="floor")
-    completes = (pos + 1).remainder(r) == 0
-    return BlockIndex(pos.remainder(r), block, torch.where(completes, slot, trash),
-                      (pos + 1).div(r, rounding_mode="floor"), table.at(block * r))
+    return BlockIndex(*block_rows(r, slot, pos, trash, table.cis))

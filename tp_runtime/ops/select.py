@@ -11,6 +11,7 @@ name (a report names it: `backend.name`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -79,6 +80,13 @@ class KernelBackend(Protocol):
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
                    round_x: bool = False) -> torch.Tensor:
         """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]."""
+
+    def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+                   last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],
+                   angles: Sequence[tuple[torch.Tensor, torch.Tensor]], blocks: Mapping[int, Sequence[torch.Tensor]],
+                   block_table: torch.Tensor | None) -> None:
+        """The step index of T = len(pos) tokens (metadata rows [T] long) into the first T rows of the static
+        index buffers: per ring length, per (rotary table, out) pair, per compress ratio (ops/step_index.py)."""
 
 
 def resolve_kernels(requested: str, device: torch.device, dtype: torch.dtype) -> str:

@@ -1,14 +1,15 @@
 """The torch twins of every stage-B kernel, in plain torch: the semantics, and the CPU path.
 
 RMSNorm, GPT-J rotary, query / key head preparation, the gated-pooling compressor, row gathers from ring
-caches, indexer top-K and sparse attention with sink. They run on CPU and GPU alike and define what any
-faster kernel must reproduce: the Triton kernels of tp_runtime/ops/ take the same arguments and compute
-the same values (`ops/triton_path.py` binds them; `ops/select.py` picks one set per shard).
+caches, indexer top-K, sparse attention with sink, and the per-step index. They run on CPU and GPU alike
+and define what any faster kernel must reproduce: the Triton kernels of tp_runtime/ops/ take the same
+arguments and compute the same values (`ops/triton_path.py` binds them; `ops/select.py` picks one set per shard).
 Work is split into token chunks so that gathered candidates stay within a fixed memory budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -231,6 +232,47 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None
     return torch.nn.functional.linear(x if norm_weight is None else rms_norm(x, norm_weight, eps), weight)
 
 
+# ------------------------------------------------------------------ the step index (ops/step_index.py's twin)
+
+
+def ring_rows(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+              last_pos: torch.Tensor, trash: int) -> tuple[torch.Tensor, ...]:
+    """Where tokens (metadata rows [T] long) read and write a ring of R rows: (in_step, step_row, ring_row, valid
+    [T, R], write_row [T]), model/step_index.py's RingIndex."""
+    qpos = pos[:, None] + torch.arange(1 - R, 1, device=pos.device)  # [T, R]
+    rel = qpos - start_pos[:, None]  # >= 0: inside the step's chunk
+    keep = torch.where(pos > last_pos - R, slot, trash)
+    return (rel >= 0, (start_idx[:, None] + rel).clamp(min=0), slot[:, None] * R + qpos.remainder(R), qpos >= 0,
+            keep * R + pos.remainder(R))
+
+
+def block_rows(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int,
+               table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each token's compressed block for ratio r: (phase, block, emit_slot, n_done [T], cis [T, Dr/2] from the
+    rotary table [P, Dr/2] at block * r), model/step_index.py's BlockIndex."""
+    block = pos.div(r, rounding_mode="floor")
+    completes = (pos + 1).remainder(r) == 0
+    return (pos.remainder(r), block, torch.where(completes, slot, trash), (pos + 1).div(r, rounding_mode="floor"),
+            table[block * r])
+
+
+def step_index(slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+               last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],
+               angles: Sequence[tuple[torch.Tensor, torch.Tensor]], blocks: Mapping[int, Sequence[torch.Tensor]],
+               block_table: torch.Tensor | None) -> None:
+    """The step index of T = len(pos) tokens, copied into the first T rows of its buffers (arguments: those of
+    ops/step_index.py `step_index`)."""
+    T = pos.shape[0]
+    for R, out in rings.items():
+        for dst, src in zip(out, ring_rows(R, slot, pos, start_idx, start_pos, last_pos, trash)):
+            dst[:T].copy_(src)
+    for table, out in angles:
+        out[:T].copy_(table[pos])
+    for r, out in blocks.items():
+        for dst, src in zip(out, block_rows(r, slot, pos, trash, block_table)):
+            dst[:T].copy_(src)
+
+
 # ---------------------------------------------------------------- the backend of this path
 
 
@@ -248,6 +290,7 @@ class TorchBackend:
     compress = staticmethod(compress_pool)
     indexer_topk = staticmethod(indexer_topk)
     sparse_attention = staticmethod(sparse_attention_sink)
+    step_index = staticmethod(step_index)
 
     @staticmethod
     def add_rms_norm(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,

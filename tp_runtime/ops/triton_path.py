@@ -12,6 +12,7 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
                                                GEMV where it beat cuBLAS, else cuBLAS
     add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
     rms_norm_pair     ops/rms_norm_pair.py     q_norm and kv_norm, one launch
+    step_index        ops/step_index.py        every tensor of the per-step index, one launch
 
 CUDA only (bf16 / fp16 / fp32), chosen by `ops/select.py`. Building one needs no GPU: nothing launches
 until a method is called.
@@ -19,6 +20,7 @@ until a method is called.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -34,6 +36,7 @@ from tp_runtime.ops.rms_norm import rms_norm
 from tp_runtime.ops.rms_norm_pair import rms_norm_pair
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
+from tp_runtime.ops.step_index import step_index
 
 if TYPE_CHECKING:  # index tuples are duck-typed at run time: ops import nothing of the model
     from tp_runtime.model.cache import RingState
@@ -120,3 +123,10 @@ class TritonBackend:
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
                    round_x: bool = False) -> torch.Tensor:
         return fp8_linear(x, qw, scale, groups, round_x, **self._kw())
+
+    def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
+                   last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],
+                   angles: Sequence[tuple[torch.Tensor, torch.Tensor]], blocks: Mapping[int, Sequence[torch.Tensor]],
+                   block_table: torch.Tensor | None) -> None:
+        step_index(slot, pos, start_idx, start_pos, last_pos, trash, rings, angles, blocks, block_table,
+                   **self._kw())
