@@ -157,3 +157,23 @@ def test_cpu_run_with_breakable_sizes_runs_eagerly_and_reports():
     # On a CPU the breakable path is the eager one: the same outputs as graph.mode=eager.
     eager = in_process(load_config(TINY_PATH, RUN))
     assert rec["output_checksum"] == eager.output_checksum
+
+
+def test_report_states_each_kinds_sizes_and_costs(capsys):
+    from tp_runtime.engine.driver import RunResult
+    from tp_runtime.engine.report import print_report
+
+    cfg = load_config(FLASH, ["model.layers=0-1"])
+    kinds = {"full": cfg.graph.capture_sizes, "breakable": breakable_sizes(cfg)}
+    graph = {kind: {"capture_sizes": sizes, "capture_s": 1.5, "segments_per_step": 3, "eager_breaks_per_step": 2,
+                    "graph_pool_bytes": 3 << 20, "warmup_bytes": 2 << 20, "capture_peak_bytes": 3 << 20}
+             for kind, sizes in kinds.items()}
+    res = RunResult(steps=5, replayed_steps=5, steps_by_path={"full": 2, "breakable": 3}, wall_s=1.0, graph=graph,
+                    completed=1, device="cuda:0", dtype="bfloat16")
+    rec = print_report(cfg, res)
+    out = capsys.readouterr().out
+    assert "  full graphs, 7 sizes (64 ... 1 tokens): 3 segments" in out
+    assert "  breakable graphs, 13 sizes (512 ... 1 tokens): 3 segments + 2 eager breaks per step, capture 1.50 s, " \
+           "pool 3.0 MiB" in out
+    assert rec["graphs"]["breakable"]["capture_sizes"] == breakable_sizes(cfg) and rec["eager_steps"] == 0
+    assert rec["capture_sizes"] == breakable_sizes(cfg) and rec["graph_pool_bytes"] == 2 * (3 << 20)
