@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from tp_runtime.config import ConfigError, RunConfig, load_config
+from tp_runtime.config import ConfigError, RunConfig, eager_steps_warning, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
 from tp_runtime.parallel.group import resolve_device
@@ -144,6 +144,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     except (ConfigError, InputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if note := eager_steps_warning(cfg):  # steps larger than every breakable graph: correct, but eager
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     from tp_runtime.parallel.errors import LaunchError, LaunchRefused
 
     try:

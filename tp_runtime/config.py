@@ -161,7 +161,15 @@ class GraphConfig:
     # rest eager) | full_and_breakable (full graphs for decode-only steps, breakable graphs for the rest)
     mode: str = field(default="eager", metadata=_choices("eager", "breakable", "full", "full_and_breakable"))
     break_scope: str = field(default="hoisted", metadata=_choices("wide", "hoisted", "narrow"))
+    # Token counts each graph is captured at (a step is padded to the next one), largest first: full graphs
+    # (decode-only steps, at most runtime.max_seqs tokens) and breakable graphs.
     capture_sizes: list[int] = field(default_factory=lambda: [64, 32, 16, 8, 4, 2, 1])
+    # Breakable graphs only, in addition to capture_sizes: the sizes of mixed and prefill steps (as SGLang's
+    # piecewise graphs have their own token counts beside the decode batch sizes). Entries above
+    # runtime.max_tokens_per_step are dropped (no step holds that many tokens); steps larger than every
+    # breakable size run eagerly. Full graphs never take them: a full graph at prefill size would run the
+    # static decode batch at that many rows.
+    breakable_capture_sizes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -570,6 +578,44 @@ def validate(cfg: RunConfig) -> None:
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
              f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}",
              "graph.capture_sizes")
+    _check_breakable_sizes(cfg)
+
+
+def _check_breakable_sizes(cfg: RunConfig) -> None:
+    """graph.breakable_capture_sizes: positive token counts, each given once (an empty list adds none)."""
+    sizes = cfg.graph.breakable_capture_sizes
+    bad = [s for s in sizes if s <= 0]
+    _require(not bad, cfg, f"'graph.breakable_capture_sizes' must hold positive token counts, got {bad} in {sizes}",
+             "graph.breakable_capture_sizes")
+    twice = sorted({s for s in sizes if sizes.count(s) > 1})
+    _require(not twice, cfg, f"'graph.breakable_capture_sizes' lists {twice} more than once, in {sizes}; give each "
+             "size once", "graph.breakable_capture_sizes")
+
+
+def breakable_sizes(cfg: RunConfig) -> list[int]:
+    """The token counts breakable graphs are captured at, largest first: graph.capture_sizes and
+    graph.breakable_capture_sizes together, the latter's entries above runtime.max_tokens_per_step dropped
+    (no step holds that many tokens, so such a graph would cost capture time and pool memory for nothing)."""
+    g, cap = cfg.graph, cfg.runtime.max_tokens_per_step
+    return sorted(set(g.capture_sizes) | {s for s in g.breakable_capture_sizes if s <= cap}, reverse=True)
+
+
+def eager_steps_warning(cfg: RunConfig) -> str | None:
+    """Under a mode with breakable graphs, when the largest breakable size is below runtime.max_tokens_per_step:
+    the line saying which steps will run eagerly; else None. `run`, `check` and the torchrun entry print it as
+    one `warning:` line before any rank starts (the bench sizes its Workers itself and times such steps eagerly
+    on purpose). A warning, not a refusal: those steps run correctly, only without a graph."""
+    if cfg.graph.mode not in ("breakable", "full_and_breakable"):
+        return None
+    largest, cap = max(breakable_sizes(cfg)), cfg.runtime.max_tokens_per_step
+    if largest >= cap:
+        return None
+    keys = ("graph.breakable_capture_sizes", "runtime.max_tokens_per_step")
+    where = " and ".join(dict.fromkeys(cfg.origin(k) for k in keys))
+    return (f"{where}: the largest breakable capture size is {largest} "
+            f"(graph.capture_sizes {cfg.graph.capture_sizes}, graph.breakable_capture_sizes "
+            f"{cfg.graph.breakable_capture_sizes}) but runtime.max_tokens_per_step={cap}: steps of {largest + 1}-{cap} "
+            f"tokens run eagerly (eager_steps in the report); add sizes up to {cap} to graph.breakable_capture_sizes")
 
 
 def triton_unavailable(device: str) -> str | None:

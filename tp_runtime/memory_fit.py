@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.config import ConfigError, RunConfig, breakable_sizes
 
 ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 # The keys that set each part of a rank's memory, and what lowers it, named when it does not fit.
@@ -63,7 +63,10 @@ def rank_memory(cfg: RunConfig, device_type: str) -> dict[str, int]:
     elem = ELEM_BYTES.get(r.dtype, 2 if cuda else 4)  # auto: bfloat16 on GPUs, float32 on CPUs
     mem = memory_per_rank(m, tp, r.max_seqs, r.max_len, elem, cuda and r.weight_format == "fp8",
                           cuda and r.cache_format == "fp8")
-    tokens = max([r.max_tokens_per_step] + (g.capture_sizes if g.mode != "eager" else []))
+    # The largest step or capture size: breakable sizes never exceed max_tokens_per_step (breakable_sizes drops
+    # larger ones). Graphs warm every size up eagerly, release that memory, then capture into the pool
+    # (executor/step_graphs.py), so one step's activations at this count are held once, not twice.
+    tokens = max([r.max_tokens_per_step] + (breakable_sizes(cfg) if g.mode != "eager" else []))
     return {"weights": mem["weights"], "caches": mem["cache"],
             "workspace": workspace_bytes(m, tp, tokens, r.max_len, elem)}
 

@@ -167,8 +167,10 @@ class SweepConfig:
         data.setdefault("runtime", {}).update(
             max_seqs=slots, max_len=max(contexts) + self.headroom(), prefill_chunk=max(self.bench.prefill_chunks),
             max_tokens_per_step=max(batches + self.bench.prefill_chunks))
+        # The bench times decode steps at its batches: graphs at those sizes only (a base's breakable prefill sizes
+        # would add captures, pool memory and graph-replayed prefill chunks to every breakable lane).
         data["graph"] = {**data.get("graph", {}), "mode": graph_mode, "break_scope": scope,
-                         "capture_sizes": sorted(set(batches), reverse=True)}
+                         "capture_sizes": sorted(set(batches), reverse=True), "breakable_capture_sizes": []}
         where = ", ".join(f"{k}={v!r}" for k, v in variant) or "base"
         return config_from_dict(data, f"{self.source} (tp={tp}, {where}, mode={mode})")
 

@@ -18,7 +18,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tp_runtime.config import ConfigError, RunConfig, config_from_dict, load_config
+from tp_runtime.config import ConfigError, RunConfig, config_from_dict, eager_steps_warning, load_config
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.executor.worker import FaultyWorker, Worker
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK") == "0" and (note := eager_steps_warning(cfg)):
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     result = worker_entry(cfg.to_dict())
     return report_and_status(cfg, result) if result is not None else 0
 

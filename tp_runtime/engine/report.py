@@ -68,7 +68,9 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "segments_per_step": max((k["segments_per_step"] for k in g.values()), default=0),
         "eager_breaks_per_step": max((k["eager_breaks_per_step"] for k in g.values()), default=0),
         "graph_pool_bytes": sum(k["graph_pool_bytes"] for k in g.values()),
-        "graphs": g,  # per kind ("full", "breakable"): capture_sizes, capture_s, segments, breaks, pool bytes
+        # per kind ("full", "breakable"): capture_sizes, capture_s, segments, breaks, graph_pool_bytes, and the
+        # eager warm-ups' peak (warmup_bytes, released before the captures) and capture_peak_bytes
+        "graphs": g,
         "replayed_fraction": res.replayed_steps / res.steps if res.steps else 0.0,
         "eager_steps": res.steps - res.replayed_steps,
         "steps_by_path": res.steps_by_path,  # full (the static decode path, replayed or eager) | breakable | eager
@@ -92,8 +94,9 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
     if rec.get("allreduce"):
         print(f"  all-reduce: {rec['allreduce']} ({rec['allreduce_reason']})")
     for kind, k in rec["graphs"].items():
-        print(f"  {kind} graphs: {k['segments_per_step']} segments + {k['eager_breaks_per_step']} eager breaks "
-              f"per step, capture {k['capture_s']:.2f} s, pool {k['graph_pool_bytes'] / 2**20:.1f} MiB")
+        print(f"  {kind} graphs, {_sizes_said(k['capture_sizes'])}: {k['segments_per_step']} segments + "
+              f"{k['eager_breaks_per_step']} eager breaks per step, capture {k['capture_s']:.2f} s, pool "
+              f"{k['graph_pool_bytes'] / 2**20:.1f} MiB")
     if rec["graphs"] or rec["steps_by_path"].get("full"):
         paths = ", ".join(f"{v} {k}" for k, v in sorted(rec["steps_by_path"].items()))
         print(f"  steps: {paths}; {rec['replayed_fraction']:.0%} replayed a graph")
@@ -111,6 +114,13 @@ def print_report(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f} ms"
+
+
+def _sizes_said(sizes: list[int]) -> str:
+    """Capture sizes (largest first) as the summary says them: '1 size (64 tokens)', '13 sizes (512 ... 1 tokens)'."""
+    if len(sizes) <= 1:
+        return f"1 size ({sizes[0]} tokens)" if sizes else "no size"
+    return f"{len(sizes)} sizes ({sizes[0]} ... {sizes[-1]} tokens)"
 
 
 def _graphs_said(rec: dict) -> str:

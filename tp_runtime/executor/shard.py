@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.config import ConfigError, RunConfig, breakable_sizes
 from tp_runtime.executor.buffers import StepBuffers
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
@@ -53,9 +53,10 @@ def uses_fp8_cache(cfg: RunConfig, device: torch.device) -> bool:
 
 
 def buffer_capacity(cfg: RunConfig, oneshot: bool) -> int:
-    """Tokens the static buffers hold: a whole prompt (oneshot), else the largest step or capture size."""
+    """Tokens the static buffers hold: a whole prompt (oneshot), else the largest step or capture size of either
+    graph kind (breakable sizes never exceed runtime.max_tokens_per_step: config.breakable_sizes drops them)."""
     rt = cfg.runtime
-    return rt.max_len if oneshot else max(rt.max_tokens_per_step, max(cfg.graph.capture_sizes))
+    return rt.max_len if oneshot else max(rt.max_tokens_per_step, *breakable_sizes(cfg))
 
 
 @dataclass

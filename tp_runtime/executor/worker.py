@@ -12,7 +12,8 @@ How a step runs (`graph.mode`), decided from the plan alone, so every rank takes
                                                          the same path eagerly, or for
                                                          full_and_breakable as any other step
     any other step                                       the breakable graph of the smallest capture
-                                                         size holding it (breakable, full_and_breakable),
+                                                         size holding it (breakable, full_and_breakable;
+                                                         graph.capture_sizes and breakable_capture_sizes),
                                                          else eagerly
 
 Every launcher runs it through `entry.worker_entry`.
@@ -29,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.config import RunConfig
+from tp_runtime.config import RunConfig, breakable_sizes
 from tp_runtime.executor.plan import StepPlan
 from tp_runtime.executor.shard import ModelShard, buffer_capacity, resolve_dtype
 from tp_runtime.executor.step_graphs import StepGraphs
@@ -82,8 +83,10 @@ class Worker:
         return True
 
     def _capture_graphs(self) -> None:
-        """Full graphs first (largest size first), then breakable ones, all in one memory pool."""
-        mode, sizes = self.cfg.graph.mode, [s for s in self.cfg.graph.capture_sizes if s <= self.buffers.capacity]
+        """Full graphs first (largest size first), then breakable ones, all in one memory pool. Full graphs take
+        graph.capture_sizes (decode sizes); breakable ones those and graph.breakable_capture_sizes (config.py)."""
+        mode, cap = self.cfg.graph.mode, self.buffers.capacity
+        full_sizes = [s for s in self.cfg.graph.capture_sizes if s <= cap]
         pool = torch.cuda.graph_pool_handle()
         # Capture on an all-padding step (trash slot, position 0, zero inputs): no real cache row is
         # touched, and every length a kernel reads is valid. The buffers are filled here, outside the
@@ -95,9 +98,10 @@ class Worker:
         barrier = self._barrier if self.tp.has_peers else None
         with torch.no_grad():
             if mode in FULL_MODES:
-                self.full_graphs = StepGraphs(sizes, self.device, full=True, pool=pool)
+                self.full_graphs = StepGraphs(full_sizes, self.device, full=True, pool=pool)
                 self.full_graphs.capture(self._forward_full, barrier)
             if mode in BREAKABLE_MODES:
+                sizes = [s for s in breakable_sizes(self.cfg) if s <= cap]
                 self.breakable_graphs = StepGraphs(sizes, self.device, full=False, pool=pool)
                 scope = self.break_scope
                 self.breakable_graphs.capture(lambda size: self._forward(self.buffers.view(size, 0, 0), scope),
