@@ -177,7 +177,9 @@ def _dataset_row(line: str, where: str, max_len: int) -> tuple[int, int]:
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: must be a JSON object with 'prompt_len' and 'output_len', got {line.strip()[:60]}")
     for name in ("prompt_len", "output_len"):
-        v = obj.get(name)
+        if name not in obj:
+            raise ConfigError(f"{where}: missing '{name}' (each line needs integer 'prompt_len' and 'output_len')")
+        v = obj[name]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ConfigError(f"{where}: '{name}' must be an integer >= 1, got {v!r}")
     p, o = obj["prompt_len"], obj["output_len"]

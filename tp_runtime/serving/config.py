@@ -11,7 +11,7 @@
       requests: 16                        # per setting (concurrency settings: at least requests_per_client x N)
       prompt_len: {dist: uniform, min: 8, max: 40}     # N | [min, max] | {dist: fixed|uniform|normal|lognormal}
       output_len: 8
-      dataset: null                       # JSONL, one {"prompt_len": P, "output_len": O} a line (replaces both)
+      dataset: null                       # JSONL, one {"prompt_len": P, "output_len": O} a line (replaces the two)
       repeats: 3
       output: out/serve
 
@@ -169,8 +169,6 @@ def _validated(name: str, base: dict, grid: dict, raw: dict, src: str) -> ServeC
     loads, modes = _loads(grid, cfg, src), _modes(grid, src)
     prompt = output = rows = None
     if settings.dataset is not None:
-        if lengths:
-            raise ConfigError(f"{src}: 'serve.dataset' gives the request lengths; drop 'serve.{next(iter(lengths))}'")
         rows = read_dataset(settings.dataset, cfg.runtime.max_len)
         given = {"dataset": settings.dataset, "dataset_requests": len(rows)}
     else:

@@ -41,7 +41,8 @@ def settings_records(rounds: list[dict]) -> list[dict]:
         rec.update(over_rounds([r["metrics"] for r in group]))
         rec["outputs_finite"] = all(r["outputs_finite"] for r in group)
         rec["same_requests_every_round"] = len({r["request_digest"] for r in group}) == 1
-        rec["decode_eager_steps"] = sum(r["decode_eager_steps"] for r in group)
+        for key in ("steps", "decode_steps", "decode_eager_steps", "idle_waits"):  # over every round
+            rec[key] = sum(r[key] for r in group)
         rec["steps_by_path"] = _summed([r["steps_by_path"] for r in group])
         rec["max_running"] = max(r["max_running"] for r in group)
         out.append(rec)
