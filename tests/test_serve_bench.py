@@ -7,7 +7,6 @@ embedded Ray), and every refusal (exit 2, one `error:` line, nothing started). G
 from __future__ import annotations
 
 import json
-import math
 import random
 import statistics
 from pathlib import Path
@@ -302,7 +301,8 @@ def test_bad_settings_are_refused(capsys, tmp_path, word, needles):
     ('{"prompt_len": 8, "output_len": 4}\n\n[8, 4]\n', ":3: must be a JSON object"),
     ('{"prompt_len": 8}\n', ":1: missing 'output_len'"),
     ('{"prompt_len": 8, "output_len": 0}\n', ":1: 'output_len' must be an integer >= 1"),
-    ('{"prompt_len": 500, "output_len": 13}\n', ":1: prompt_len + output_len = 500 + 13 = 513 exceeds runtime.max_len=512"),
+    ('{"prompt_len": 500, "output_len": 13}\n', ":1: prompt_len + output_len = 500 + 13 = 513 exceeds "
+                                              "runtime.max_len=512"),
 ])
 def test_bad_dataset_is_refused_with_file_and_line(capsys, tmp_path, text, needle):
     f = tmp_path / "requests.jsonl"

@@ -1,5 +1,7 @@
 """serve-bench on one GPU: token times from CUDA events (no per-step synchronize), and under full_and_breakable
-every decode-only step replays a full graph (none runs eagerly). Marked `gpu`: pytest -m gpu tests/test_serve_bench_gpu.py
+every decode-only step replays a full graph (none runs eagerly).
+
+    pytest -m gpu tests/test_serve_bench_gpu.py
 """
 
 from __future__ import annotations

@@ -102,8 +102,9 @@ def parse_length(value, key: str, source: str) -> LengthSpec:
         return _bounded(LengthSpec(dist, lo, hi), key, source)
     center, scale = (float(_number(value, k, key, source, False)) for k in required)
     if scale < 0 or (dist == "lognormal" and center <= 0):
-        raise ConfigError(f"{source}: '{key}' needs {required[1]} >= 0{' and median > 0' if dist == 'lognormal' else ''}"
-                          f", got {required[0]}={center:g}, {required[1]}={scale:g}")
+        median = " and median > 0" if dist == "lognormal" else ""
+        raise ConfigError(f"{source}: '{key}' needs {required[1]} >= 0{median}, got {required[0]}={center:g}, "
+                          f"{required[1]}={scale:g}")
     top = center + TAIL_SIGMAS * scale if dist == "normal" else center * math.exp(TAIL_SIGMAS * scale)
     lo = int(_number(value, "min", key, source, True)) if "min" in value else 1
     hi = int(_number(value, "max", key, source, True)) if "max" in value else max(lo, math.ceil(top))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tp_runtime.bench.sweep_config import MODES
@@ -160,6 +160,10 @@ def _base_mapping(base, path: Path) -> dict:
 
 def _validated(name: str, base: dict, grid: dict, raw: dict, src: str) -> ServeConfig:
     cfg = config_from_dict(base, f"{src} base")
+    allowed = sorted([f.name for f in fields(ServeSettings)] + list(LENGTH_KEYS))
+    unknown = sorted(set(raw) - set(allowed), key=str)
+    if unknown:
+        raise ConfigError(f"{src}: unknown key 'serve.{unknown[0]}'; allowed keys under 'serve': {allowed}")
     lengths = {k: raw.pop(k) for k in LENGTH_KEYS if k in raw}
     settings = _build(ServeSettings, raw, "serve", src)
     _check_settings(settings, src)

@@ -52,7 +52,8 @@ def serve_entry(cfg_dict: dict, plan: dict) -> list[dict] | None:
             records = []
             for pos, (r, setting) in enumerate(runs):
                 w = workers[setting["mode"]]
-                bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} {setting['load']}={setting['value']:g}")
+                bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} "
+                                    f"{Load(setting['load'], setting['value']).label}")
                 arrive = _arrivals(setting, requests, s.seed)
                 res = run_setting(w, w.tp, arrive if tp.rank == 0 else None, s.seed, s.in_flight)
                 if res is not None:

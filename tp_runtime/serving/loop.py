@@ -20,6 +20,7 @@ per setting (SlotPool; stale cache rows are masked by positions).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -109,7 +110,7 @@ class _Rank0:
 
 def _wire(capacity: int, kind: int, wait_s: float = 0.0, plan: StepPlan | None = None) -> torch.Tensor:
     wire = torch.zeros(HEADER + 1 + StepPlan.FIELDS * capacity, dtype=torch.long)
-    wire[0], wire[1] = kind, round(wait_s * 1e6)
+    wire[0], wire[1] = kind, math.ceil(wait_s * 1e6)  # up: rank 0 wakes at or after the arrival
     if plan is not None:
         wire[HEADER:] = plan.encode(capacity)
     return wire

@@ -92,7 +92,8 @@ def run_serve_bench(config_path: str, overrides: list[str]) -> int:
 
 
 USAGE = ("usage: python -m tp_runtime.parallel.torchrun_main [--standalone | --nnodes N --node-rank K "
-         "--rdzv-backend c10d --rdzv-endpoint HOST:PORT] --nproc-per-node P -m tp_runtime.serving CONFIG [key=value ...]")
+         "--rdzv-backend c10d --rdzv-endpoint HOST:PORT] --nproc-per-node P -m tp_runtime.serving "
+         "CONFIG [key=value ...]")
 
 
 @record
