@@ -18,6 +18,7 @@ from conftest import REPO, assert_refused, last_json, run_cli
 
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
+from tp_runtime.engine.workload import Workload
 from tp_runtime.executor.worker import Worker
 from tp_runtime.parallel.group import single_process
 from tp_runtime.serving.arrivals import (Arrival, ClosedLoop, OpenLoop, ServeRequest, dataset_requests,
@@ -167,8 +168,9 @@ def test_loop_waits_idle_until_an_arrival():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as every rank the tests launch (conftest.child_env): steps of milliseconds
     try:
-        run_setting(w, w.tp, Setting(reqs, concurrency=2), seed=0, in_flight=2)  # warm-up: first calls are slow
-        res = run_setting(w, w.tp, Setting(reqs, offsets=[0.0, 0.6]), seed=0, in_flight=2)
+        inputs = Workload([], cfg.model.hidden_size, seed=0)
+        run_setting(w, w.tp, Setting(reqs, concurrency=2), inputs, in_flight=2)  # warm-up: first calls are slow
+        res = run_setting(w, w.tp, Setting(reqs, offsets=[0.0, 0.6]), inputs, in_flight=2)
     finally:
         torch.set_num_threads(threads)
     a, b = res.traces

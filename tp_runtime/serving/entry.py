@@ -18,6 +18,7 @@ import sys
 from tqdm import tqdm
 
 from tp_runtime.config import config_from_dict
+from tp_runtime.engine.workload import Workload
 from tp_runtime.executor.timing import timer_name
 from tp_runtime.executor.worker import FaultyWorker, Worker
 from tp_runtime.parallel.group import TPGroup, group_from_env, shutdown
@@ -44,9 +45,10 @@ def serve_entry(cfg_dict: dict, plan: dict) -> list[dict] | None:
             bar = tqdm(total=len(runs) + len(workers) * bool(s.warmup_requests), unit="setting", file=sys.stderr,
                        desc=f"serve-bench {plan['name']}", disable=tp.rank != 0, dynamic_ncols=True)
             requests = [ServeRequest(i, pl, ol) for i, (pl, ol) in enumerate(plan["requests"])]
+            inputs = Workload([], cfg.model.hidden_size, s.seed)  # one for the run: its staging is reused
             for w in workers.values() if s.warmup_requests else ():
                 n = s.warmup_requests
-                run_setting(w, w.tp, Setting(requests[:n], concurrency=min(n, w.cfg.runtime.max_seqs)), s.seed,
+                run_setting(w, w.tp, Setting(requests[:n], concurrency=min(n, w.cfg.runtime.max_seqs)), inputs,
                             s.in_flight)
                 bar.update()
             records = []
@@ -55,7 +57,7 @@ def serve_entry(cfg_dict: dict, plan: dict) -> list[dict] | None:
                 bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} "
                                     f"{Load(setting['load'], setting['value']).label}")
                 arrive = _arrivals(setting, requests, s.seed)
-                res = run_setting(w, w.tp, arrive if tp.rank == 0 else None, s.seed, s.in_flight)
+                res = run_setting(w, w.tp, arrive if tp.rank == 0 else None, inputs, s.in_flight)
                 if res is not None:
                     records.append(_record(plan, s, w, setting, r, pos, arrive, res))
                 bar.update()

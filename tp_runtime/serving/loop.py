@@ -1,7 +1,7 @@
 """One setting's step loop on every rank: rank 0 admits the requests that have arrived, schedules, and
 broadcasts each message; every rank runs it; rank 0 notes which step emitted which request's tokens.
 
-    result = run_setting(worker, tp, Setting(requests, concurrency=4 | offsets=[...]), seed, in_flight)
+    result = run_setting(worker, tp, Setting(requests, concurrency=4 | offsets=[...]), inputs, in_flight)
 
 Messages go from rank 0 over the CPU group, as engine/driver.py's plans do: an int64 tensor
 [kind, wait_us, plan wire (StepPlan.encode at runtime.max_seqs chunks)].
@@ -116,12 +116,12 @@ def _wire(capacity: int, kind: int, wait_s: float = 0.0, plan: StepPlan | None =
     return wire
 
 
-def run_setting(w: Worker, tp: TPGroup, setting: Setting | None, seed: int, in_flight: int) -> SettingResult | None:
-    """Every rank: step what rank 0 broadcasts until DONE. Rank 0 (which alone needs `setting`) returns the
-    result, the others None."""
+def run_setting(w: Worker, tp: TPGroup, setting: Setting | None, inputs: Workload,
+                in_flight: int) -> SettingResult | None:
+    """Every rank: step what rank 0 broadcasts until DONE, each step's input rows from `inputs` (hidden states
+    by (seed, request, position)). Rank 0 (which alone needs `setting`) returns the result, the others None."""
     rank0 = _Rank0(w, setting) if tp.rank == 0 else None
     res = SettingResult([])
-    inputs = Workload([], w.cfg.model.hidden_size, seed)  # hidden states by (seed, request, position)
     clock = StepClock(w.device, in_flight)
     finite = torch.ones((), dtype=torch.bool, device=w.device)
     t_wall = time.perf_counter()
