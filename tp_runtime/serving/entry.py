@@ -40,32 +40,37 @@ def serve_entry(cfg_dict: dict, plan: dict) -> list[dict] | None:
         with PeerWatch(tp, p.timeout_s) as watch:
             _build_workers(plan, tp, watch, workers)
             s = ServeSettings(**plan["serve"])
-            runs = [(r, setting) for r in range(s.repeats) for setting in round_order(plan["settings"], r,
-                                                                                      len(workers))]
-            bar = tqdm(total=len(runs) + len(workers) * bool(s.warmup_requests), unit="setting", file=sys.stderr,
-                       desc=f"serve-bench {plan['name']}", disable=tp.rank != 0, dynamic_ncols=True)
-            requests = [ServeRequest(i, pl, ol) for i, (pl, ol) in enumerate(plan["requests"])]
-            inputs = Workload([], cfg.model.hidden_size, s.seed)  # one for the run: its staging is reused
-            for w in workers.values() if s.warmup_requests else ():
-                n = s.warmup_requests
-                run_setting(w, w.tp, Setting(requests[:n], concurrency=min(n, w.cfg.runtime.max_seqs)), inputs,
-                            s.in_flight)
-                bar.update()
-            records = []
-            for pos, (r, setting) in enumerate(runs):
-                w = workers[setting["mode"]]
-                bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} "
-                                    f"{Load(setting['load'], setting['value']).label}")
-                arrive = _arrivals(setting, requests, s.seed)
-                res = run_setting(w, w.tp, arrive if tp.rank == 0 else None, inputs, s.in_flight)
-                if res is not None:
-                    records.append(_record(plan, s, w, setting, r, pos, arrive, res))
-                bar.update()
+            bar = tqdm(total=s.repeats * len(plan["settings"]) + len(workers) * bool(s.warmup_requests),
+                       unit="setting", file=sys.stderr, desc=f"serve-bench {plan['name']}", disable=tp.rank != 0,
+                       dynamic_ncols=True)
+            records = _run_rounds(plan, s, workers, tp.rank == 0, bar)
             return records if tp.rank == 0 else None
     finally:
         if bar is not None:
             bar.close()
         _close(tp, workers)
+
+
+def _run_rounds(plan: dict, s: ServeSettings, workers: dict[str, Worker], rank0: bool, bar: tqdm) -> list[dict]:
+    """The warm-up of every mode, then every round's settings in their rotated order; rank 0's records."""
+    requests = [ServeRequest(i, pl, ol) for i, (pl, ol) in enumerate(plan["requests"])]
+    inputs = Workload([], next(iter(workers.values())).cfg.model.hidden_size, s.seed)  # staging reused throughout
+    for w in workers.values() if s.warmup_requests else ():
+        n = s.warmup_requests
+        run_setting(w, w.tp, Setting(requests[:n], concurrency=min(n, w.cfg.runtime.max_seqs)), inputs, s.in_flight)
+        bar.update()
+    runs = [(r, setting) for r in range(s.repeats) for setting in round_order(plan["settings"], r, len(workers))]
+    records = []
+    for pos, (r, setting) in enumerate(runs):
+        w = workers[setting["mode"]]
+        bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} "
+                            f"{Load(setting['load'], setting['value']).label}")
+        arrive = _arrivals(setting, requests, s.seed)
+        res = run_setting(w, w.tp, arrive if rank0 else None, inputs, s.in_flight)
+        if res is not None:
+            records.append(_record(plan, s, w, setting, r, pos, arrive, res))
+        bar.update()
+    return records
 
 
 def _build_workers(plan: dict, tp: TPGroup, watch: PeerWatch, workers: dict[str, Worker]) -> None:
