@@ -18,9 +18,11 @@ FORBIDDEN = {
     "model": ["executor", "engine", "weights", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
     "weights": ["executor", "engine", "verify", "bench", "cli", "parallel.launcher", "parallel.ray_launch"],
     "parallel": ["model", "ops", "weights", "executor", "engine", "verify", "bench", "cli"],
-    "executor": ["engine", "verify", "bench", "cli"],
-    "engine": ["verify", "bench", "cli"],
-    "verify": ["bench", "cli"],
+    "executor": ["engine", "verify", "bench", "serving", "cli"],
+    "engine": ["verify", "bench", "serving", "cli"],
+    "verify": ["bench", "serving", "cli"],
+    "bench": ["serving", "cli"],
+    "serving": ["verify", "cli"],
 }
 
 

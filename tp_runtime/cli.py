@@ -1,4 +1,4 @@
-"""Command line: `tp-runtime run | check | bench CONFIG [key=value ...]`.
+"""Command line: `tp-runtime run | check | bench | serve-bench CONFIG [key=value ...]`.
 
     tp-runtime run configs/tiny.yaml                      # the embedded default workload
     tp-runtime run configs/tiny.yaml parallel.tp=4 workload.requests=16
@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run the configured workload and report"),
                        ("check", "compare tp, one-shot and oracle outputs; exit 1 on a mismatch"),
-                       ("bench", "run a benchmark sweep config (configs/bench_*.yaml)")):
+                       ("bench", "run a benchmark sweep config (configs/bench_*.yaml)"),
+                       ("serve-bench", "serving benchmark: loads x graph modes (configs/serve_*.yaml)")):
         s = sub.add_parser(name, help=text)
         s.add_argument("config", help="YAML config file")
         s.add_argument("overrides", nargs="*", default=[], help="dotted overrides, e.g. parallel.tp=4")
@@ -136,6 +137,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from tp_runtime.bench.sweep import run_bench
 
             return run_bench(args.config, args.overrides)
+        if args.command == "serve-bench":
+            from tp_runtime.serving.sweep import run_serve_bench
+
+            return run_serve_bench(args.config, args.overrides)
         cfg = load_config(args.config, args.overrides)
         if args.command == "write-checkpoint":
             return _cmd_write_checkpoint(cfg, args.out_dir, args.files)

@@ -39,6 +39,11 @@ class Scheduler:
         self.rejected: list[Rejection] = []
         self.finished: list[int] = []
 
+    def submit(self, request: Request) -> None:
+        """Queue a request that has just arrived (a serving benchmark's arrivals); it is admitted, or rejected,
+        with the others, in arrival order, when a slot is free."""
+        self.waiting.append(request)
+
     def _admit(self) -> None:
         while self.waiting and len(self.slots):
             req = self.waiting.popleft()

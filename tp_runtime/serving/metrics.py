@@ -1,0 +1,86 @@
+"""Serving metrics from token timestamps: per-request latencies, their percentiles, throughput; and the
+median over rounds of a setting with its spread.
+
+Times are seconds after the setting's start (the end of the step that emitted each token, README "Serving
+benchmark"). Per request of N output tokens at times t_1 <= ... <= t_N that arrived at a:
+
+    TTFT = t_1 - a          TPOT = (t_N - t_1) / (N - 1)  (N >= 2)          E2EL = t_N - a
+    ITL  = every gap t_{i+1} - t_i, pooled over the requests
+
+Percentiles are numpy's (linear interpolation between order statistics), reported in ms with the mean. The
+duration runs from the setting's start to its last token; throughputs divide by it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+# Per-setting fields whose spread over rounds (min, max) the reports carry.
+SPREAD_KEYS = ("request_throughput", "output_throughput", "ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "duration_s")
+
+
+@dataclass
+class RequestTrace:
+    id: int
+    prompt_len: int
+    output_len: int  # tokens the request should emit
+    arrival_s: float
+    token_s: list[float]  # when each emitted token was done, in order
+
+    @property
+    def complete(self) -> bool:
+        return len(self.token_s) == self.output_len
+
+
+def latency_stats(name: str, values_s: list[float]) -> dict[str, float | None]:
+    """{name}_ms_mean and _p50 / _p90 / _p99 of values in seconds (None when there are none)."""
+    if not values_s:
+        return {f"{name}_ms_mean": None, **{f"{name}_ms_p{p}": None for p in PERCENTILES}}
+    ms = np.asarray(values_s, dtype=np.float64) * 1e3
+    out = {f"{name}_ms_mean": float(ms.mean())}
+    out.update({f"{name}_ms_p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES))})
+    return out
+
+
+def setting_metrics(traces: list[RequestTrace]) -> dict:
+    """Latency percentiles over the completed requests, throughput over the setting's duration."""
+    done = [t for t in traces if t.complete]
+    ttft = [t.token_s[0] - t.arrival_s for t in done]
+    tpot = [(t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) for t in done if t.output_len > 1]
+    itl = [b - a for t in done for a, b in zip(t.token_s, t.token_s[1:])]
+    e2el = [t.token_s[-1] - t.arrival_s for t in done]
+    duration = max((t.token_s[-1] for t in done), default=0.0)
+    out_tokens = sum(t.output_len for t in done)
+    prompt_tokens = sum(t.prompt_len for t in done)
+    rate = (lambda n: n / duration) if duration > 0 else (lambda n: None)
+    out = {"requests": len(traces), "completed": len(done), "prompt_tokens": prompt_tokens,
+           "output_tokens": out_tokens, "duration_s": duration, "request_throughput": rate(len(done)),
+           "output_throughput": rate(out_tokens), "total_token_throughput": rate(out_tokens + prompt_tokens)}
+    for name, values in zip(LATENCIES, (ttft, tpot, itl, e2el)):
+        out.update(latency_stats(name, values))
+    return out
+
+
+def over_rounds(rounds: list[dict]) -> dict:
+    """One setting's rounds -> the median of every numeric field, `spread` ({key: [min, max]} of SPREAD_KEYS)
+    and `per_round` (those keys round by round). A field that is None in some round is None."""
+    out = {}
+    for key, first in rounds[0].items():
+        if isinstance(first, bool) or not isinstance(first, (int, float)) and first is not None:
+            continue
+        values = [r.get(key) for r in rounds]
+        if any(v is None for v in values):
+            out[key] = None
+        else:  # a count the same every round stays what it is (an int)
+            out[key] = values[0] if len(set(values)) == 1 else statistics.median(values)
+    spread, per_round = {}, {}
+    for key in SPREAD_KEYS:
+        values = [r.get(key) for r in rounds]
+        per_round[key] = values
+        spread[key] = None if any(v is None for v in values) else [min(values), max(values)]
+    return {**out, "rounds": len(rounds), "spread": spread, "per_round": per_round}
