@@ -77,6 +77,17 @@ def _rotary_row(table, out, t, p, DR: tl.constexpr, BLOCK_DR: tl.constexpr):
 
 
 @jit
+def _block_row(out, t, slot, pos, trash, block_table, r: tl.constexpr, DR: tl.constexpr, BLOCK_DR: tl.constexpr):
+    """Token t's compressed block for ratio r: out = (phase, block, emit_slot, n_done, angles at block * r)."""
+    block = _floor_div(pos, r)
+    tl.store(out[0] + t, _floor_mod(pos, r))
+    tl.store(out[1] + t, block)
+    tl.store(out[2] + t, tl.where(_floor_mod(pos + 1, r) == 0, slot, trash))
+    tl.store(out[3] + t, _floor_div(pos + 1, r))
+    _rotary_row(block_table, out[4], t, block * r, DR, BLOCK_DR)
+
+
+@jit
 def _step_index_kernel(slot_ptr, pos_ptr, sidx_ptr, spos_ptr, last_ptr, trash, rings, RS: tl.constexpr,
                        RBLOCKS: tl.constexpr, tables, angles, blocks, RATIOS: tl.constexpr, block_table,
                        DR: tl.constexpr, BLOCK_DR: tl.constexpr, PDL: tl.constexpr):
@@ -93,14 +104,7 @@ def _step_index_kernel(slot_ptr, pos_ptr, sidx_ptr, spos_ptr, last_ptr, trash, r
     for k in tl.static_range(len(angles)):
         _rotary_row(tables[k], angles[k], t, pos, DR, BLOCK_DR)
     for i in tl.static_range(len(RATIOS)):
-        r: tl.constexpr = RATIOS[i]
-        out = blocks[i]
-        block = _floor_div(pos, r)
-        tl.store(out[0] + t, _floor_mod(pos, r))
-        tl.store(out[1] + t, block)
-        tl.store(out[2] + t, tl.where(_floor_mod(pos + 1, r) == 0, slot, trash))
-        tl.store(out[3] + t, _floor_div(pos + 1, r))
-        _rotary_row(block_table, out[4], t, block * r, DR, BLOCK_DR)
+        _block_row(blocks[i], t, slot, pos, trash, block_table, RATIOS[i], DR, BLOCK_DR)
 
 
 def _rows(t: torch.Tensor, n: int, cols: int | None = None) -> bool:
