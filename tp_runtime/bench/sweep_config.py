@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from tp_runtime.config import (ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict,
-                               parse_override, read_yaml)
+from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict
 from tp_runtime.config_yaml import read_mapping
+from tp_runtime.sweep_file import read_sweep_file, resolve_beside
 from tp_runtime.weights.specs import check_fp8_shards
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
@@ -71,8 +71,6 @@ def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
 
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file", "shard_of_tp")
 RUN_AXES = ("runtime.dtype", "runtime.weight_format", "runtime.fp8_activations", "runtime.cache_format")  # plus every model.<field>
-RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
-TOP_KEYS = ("name", "base", "overrides", "grid", "bench")
 
 
 @dataclass
@@ -181,63 +179,15 @@ class SweepConfig:
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
     """Read a sweep YAML, apply command-line words, validate every Worker config it implies."""
     path = Path(path)
-    data = read_mapping(path, "sweep config", f"the keys {list(TOP_KEYS)}")
-    unknown = sorted(set(data) - set(TOP_KEYS), key=str)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key '{unknown[0]}'; allowed top-level keys: {list(TOP_KEYS)}")
+    f = read_sweep_file(path, "sweep config", "bench", overrides)
     source = str(path)
-    base = _base_mapping(data.get("base"), path)
-    grid, bench = _section(data, "grid", path), _section(data, "bench", path)
-    name = data.get("name", path.stem)
-    in_file = data.get("overrides") or []
-    if not isinstance(in_file, list) or not all(isinstance(w, str) for w in in_file):
-        raise ConfigError(f"{path}: 'overrides' must be a list of 'key=value' strings, got {in_file!r}")
-    for word in in_file + list(overrides or []):
-        key, value = parse_override(word)
-        where = f"override {word!r}"
-        if key == "name":
-            name = str(value)
-        elif key.startswith("grid."):
-            grid[key[5:]] = value
-        elif key.startswith("bench."):
-            bench[key[6:]] = value
-        elif key.split(".")[0] in RUN_SECTIONS:
-            _set_dotted(base, key, value, where)
-        else:
-            raise ConfigError(f"{where}: unknown key '{key}'; use name, bench.<key>, grid.<key> "
-                              f"or a run-config key under {list(RUN_SECTIONS)}")
-    sweep = SweepConfig(str(name), base, grid, _build(BenchSettings, bench, "bench", source), source)
+    sweep = SweepConfig(f.name, f.base, f.grid, _build(BenchSettings, f.own, "bench", source), source)
     _validate(sweep, path)
     return sweep
 
 
-def _section(data: dict, key: str, path: Path) -> dict:
-    """A copy of the mapping under `key` ({} when absent or null)."""
-    value = data.get(key) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: '{key}' must be a mapping, got {value!r}")
-    return dict(value)
-
-
-def _base_mapping(base: Any, sweep_path: Path) -> dict:
-    if isinstance(base, dict):
-        return copy.deepcopy(base)
-    if not isinstance(base, str):
-        raise ConfigError(f"{sweep_path}: 'base' must be a run config file or an inline mapping, got {base!r}")
-    return read_yaml(_resolve(base, sweep_path))
-
-
-def _resolve(name: str, sweep_path: Path | str) -> Path:
-    """A file named by a sweep: relative to the sweep file first, then to the working directory."""
-    for cand in (Path(sweep_path).parent / name, Path(name)):
-        if cand.exists():  # what it is (a directory, a FIFO) the reader says, without opening it
-            return cand
-    raise ConfigError(f"{sweep_path}: file {name!r} not found (looked beside the sweep file and in the "
-                      "working directory)")
-
-
 def _model_section(name: str, sweep_path: str) -> dict:
-    data = read_mapping(_resolve(name, sweep_path), "model file", "a 'model:' section")
+    data = read_mapping(resolve_beside(name, sweep_path), "model file", "a 'model:' section")
     if not isinstance(data.get("model"), dict):
         raise ConfigError(f"{sweep_path}: grid 'model_file' value {name!r} has no 'model:' section")
     return data["model"]

@@ -27,15 +27,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tp_runtime.bench.sweep_config import MODES
-from tp_runtime.config import ConfigError, RunConfig, _build, _set_dotted, config_from_dict, parse_override, read_yaml
-from tp_runtime.config_yaml import read_mapping
+from tp_runtime.config import ConfigError, RunConfig, _build, config_from_dict
 from tp_runtime.memory_fit import Budget, device_budget, device_type, rank_memory, refusal
+from tp_runtime.sweep_file import read_sweep_file
 from tp_runtime.serving.arrivals import (LengthSpec, ServeRequest, dataset_requests, draw_requests, parse_length,
                                          read_dataset)
 
-TOP_KEYS = ("name", "base", "overrides", "grid", "serve")
 GRID_KEYS = ("concurrency", "rate", "modes")
-RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
 DEFAULT_MODES = ["breakable-wide", "breakable-hoisted", "breakable-narrow", "full_and_breakable"]
 LENGTH_KEYS = {"prompt_len": [32, 256], "output_len": [16, 64]}  # defaults: uniform [min, max]
 
@@ -109,50 +107,8 @@ class ServeConfig:
 def load_serve(path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """Read a serve-bench YAML, apply command-line words, validate everything a launch needs."""
     path = Path(path)
-    data = read_mapping(path, "serve-bench config", f"the keys {list(TOP_KEYS)}")
-    unknown = sorted(set(data) - set(TOP_KEYS), key=str)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key '{unknown[0]}'; allowed top-level keys: {list(TOP_KEYS)}")
-    base = _base_mapping(data.get("base"), path)
-    grid, serve = _section(data, "grid", path), _section(data, "serve", path)
-    name = data.get("name", path.stem)
-    in_file = data.get("overrides") or []
-    if not isinstance(in_file, list) or not all(isinstance(w, str) for w in in_file):
-        raise ConfigError(f"{path}: 'overrides' must be a list of 'key=value' strings, got {in_file!r}")
-    for word in in_file + list(overrides or []):
-        key, value = parse_override(word)
-        where = f"override {word!r}"
-        if key == "name":
-            name = str(value)
-        elif key.startswith("grid."):
-            grid[key[5:]] = value
-        elif key.startswith("serve."):
-            serve[key[6:]] = value
-        elif key.split(".")[0] in RUN_SECTIONS:
-            _set_dotted(base, key, value, where)
-        else:
-            raise ConfigError(f"{where}: unknown key '{key}'; use name, serve.<key>, grid.<key> "
-                              f"or a run-config key under {list(RUN_SECTIONS)}")
-    return _validated(str(name), base, grid, serve, str(path))
-
-
-def _section(data: dict, key: str, path: Path) -> dict:
-    value = data.get(key) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path}: '{key}' must be a mapping, got {value!r}")
-    return dict(value)
-
-
-def _base_mapping(base, path: Path) -> dict:
-    """The base run config: an inline mapping, or a file beside the serve config or in the working directory."""
-    if isinstance(base, dict):
-        return copy.deepcopy(base)
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: 'base' must be a run config file or an inline mapping, got {base!r}")
-    for cand in (path.parent / base, Path(base)):
-        if cand.exists():
-            return read_yaml(cand)
-    raise ConfigError(f"{path}: base file {base!r} not found (looked beside the config and in the working directory)")
+    f = read_sweep_file(path, "serve-bench config", "serve", overrides)
+    return _validated(f.name, f.base, f.grid, f.own, str(path))
 
 
 # ---------------------------------------------------------------- validation
