@@ -71,11 +71,6 @@ class StepIndex:
                          {k: c[:n] for k, c in self.cis.items()},
                          {r: BlockIndex(*(t[:n] for t in ix)) for r, ix in self.blocks.items()})
 
-    def assign(self, other: "StepIndex") -> None:
-        """Copy other (n tokens) into this index's first n rows."""
-        for dst, src in zip(self.tensors(), other.tensors()):
-            dst[: len(src)].copy_(src)
-
 
 class IndexPlan:
     """What a stack's layers read: ring lengths, compress ratios and rotary tables (shared by layers)."""
