@@ -89,5 +89,5 @@ def resolve_beside(name: str, path: Path | str) -> Path:
     for cand in (Path(path).parent / name, Path(name)):
         if cand.exists():  # what it is (a directory, a FIFO) the reader says, without opening it
             return cand
-    raise ConfigError(f"{path}: file {name!r} not found (looked beside the sweep file and in the "
-                      "working directory)")
+    raise ConfigError(f"{path}: file {name!r} not found (looked beside {Path(path).name} and in the working "
+                      "directory)")
