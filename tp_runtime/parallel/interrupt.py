@@ -58,8 +58,8 @@ def _raise(signum: int, frame) -> None:
 
 
 def install() -> None:
-    """From now on SIGINT / SIGTERM raise Interrupted in the main thread (torch's elastic agent sets its
-    own handlers while it runs its workers; the local launcher puts these back afterwards)."""
+    """From now on SIGINT / SIGTERM raise Interrupted in the main thread (while torch's elastic agent runs
+    the local ranks, agent_signals.py handles them instead and puts these back afterwards)."""
     for s in SIGNALS:
         signal.signal(s, _raise)
 

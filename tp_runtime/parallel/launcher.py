@@ -16,14 +16,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import uuid
 from datetime import timedelta
 from typing import Any, Callable
 
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
-from tp_runtime.parallel.interrupt import SIGNALS, Interrupted, quiet_rank_exit
+from tp_runtime.parallel.agent_signals import AGENT_HANDLES, agent_signals
+from tp_runtime.parallel.interrupt import Interrupted, quiet_rank_exit
 
 ENTRY_MODULE = "tp_runtime.engine.entry"  # the run's torchrun entry (the bench's: tp_runtime.bench)
 RENDEZVOUS_TIMEOUT_S = 900  # the workers' store: every rank must reach it within this (torch's default)
@@ -109,12 +109,13 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
         run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
         rdzv_backend=LOOPBACK_BACKEND, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_configs={"store": store},
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
+        signals_to_handle=AGENT_HANDLES,  # SIGINT / SIGTERM: agent_signals
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    handlers = [signal.getsignal(s) for s in SIGNALS]  # the agent replaces them while its workers run
+    rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name
     try:
-        rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name
-        return elastic_launch(lc, rank_main)(*args)[0]
+        with agent_signals():  # a signal ends every worker, and none in the middle of its start
+            return elastic_launch(lc, rank_main)(*args)[0]
     except SignalException as e:  # the agent got SIGINT / SIGTERM and has ended its workers
         raise Interrupted(e.sigval) from None
     except ChildFailedError as e:
@@ -124,9 +125,6 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
                            f"{_failure_message(e.failures[r])}" for r in ranks)
         lost = read_lost(store)  # what a rank found and recorded before the agent stopped the rest
         raise LaunchError(f"{failed}{f'; {lost}' if lost and lost not in failed else ''}") from None
-    finally:
-        for s, h in zip(SIGNALS, handlers):
-            signal.signal(s, h)
 
 
 def _start_resource_tracker_quietly() -> None:

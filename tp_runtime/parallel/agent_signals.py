@@ -1,0 +1,75 @@
+"""SIGINT / SIGTERM while torch's elastic agent runs the local ranks: held back while it starts them.
+
+torch's agent installs a handler that raises SignalException wherever the main thread is. Raised while
+multiprocessing writes a new rank's start-up data into its pipe, that rank reads a cut pickle (EOFError),
+or a semaphore its launcher has already unlinked (FileNotFoundError): a traceback after the run's
+`error:` line, from a rank the agent never learned of and so does not end.
+
+Within `agent_signals()` the agent leaves SIGINT / SIGTERM to this module (its LaunchConfig's
+signals_to_handle is AGENT_HANDLES). The handler raises the same SignalException, so the agent ends its workers as
+before, except while the agent is starting them: then the signal is sent again RETRY_S later, until
+every rank has started and is known to the agent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from types import CodeType, FrameType
+from typing import Iterator
+
+from tp_runtime.parallel.interrupt import SIGNALS
+
+RETRY_S = 0.05  # how soon a held-back signal is sent again (starting two ranks takes ~0.1 s)
+AGENT_HANDLES = "SIGHUP,SIGQUIT"  # LaunchConfig.signals_to_handle: what torch's agent still handles itself
+
+
+def _starting_code() -> set[CodeType]:
+    """The code of the agent's worker start (it records the started processes as it returns) and of
+    torch's process start under it."""
+    import torch.multiprocessing
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    fns = [torch.multiprocessing.start_processes, getattr(LocalElasticAgent, "_start_workers", None)]
+    return {inspect.unwrap(f).__code__ for f in fns if f is not None}
+
+
+def _on_stack(frame: FrameType | None, codes: set[CodeType]) -> bool:
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextmanager
+def agent_signals() -> Iterator[None]:
+    """Within the block SIGINT / SIGTERM raise torch's SignalException in the main thread, once, and not
+    while the agent starts its ranks; the previous handlers come back afterwards. The agent's LaunchConfig
+    must have signals_to_handle=AGENT_HANDLES."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    codes = _starting_code()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _on_stack(frame, codes):
+            again = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
+        for s in SIGNALS:  # one report; the agent's shutdown of its workers is not cut short
+            signal.signal(s, signal.SIG_IGN)
+        sig = signal.Signals(signum)
+        raise SignalException(f"process {os.getpid()} got {sig.name}", sigval=sig)
+
+    saved = [signal.getsignal(s) for s in SIGNALS]
+    for s in SIGNALS:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in zip(SIGNALS, saved):
+            signal.signal(s, h)
