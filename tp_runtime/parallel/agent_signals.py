@@ -19,7 +19,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from types import CodeType, FrameType
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tp_runtime.parallel.interrupt import SIGNALS
 
@@ -27,14 +27,14 @@ RETRY_S = 0.05  # how soon a held-back signal is sent again (starting two ranks 
 AGENT_HANDLES = "SIGHUP,SIGQUIT"  # LaunchConfig.signals_to_handle: what torch's agent still handles itself
 
 
-def _starting_code() -> set[CodeType]:
-    """The code of the agent's worker start (it records the started processes as it returns) and of
-    torch's process start under it."""
+def agent_start() -> tuple[Callable, ...]:
+    """The agent's worker start (it records the started processes as it returns) and torch's process
+    start under it."""
     import torch.multiprocessing
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     fns = [torch.multiprocessing.start_processes, getattr(LocalElasticAgent, "_start_workers", None)]
-    return {inspect.unwrap(f).__code__ for f in fns if f is not None}
+    return tuple(f for f in fns if f is not None)
 
 
 def _on_stack(frame: FrameType | None, codes: set[CodeType]) -> bool:
@@ -46,18 +46,20 @@ def _on_stack(frame: FrameType | None, codes: set[CodeType]) -> bool:
 
 
 @contextmanager
-def agent_signals() -> Iterator[None]:
+def agent_signals(starting: tuple[Callable, ...] | None = None) -> Iterator[None]:
     """Within the block SIGINT / SIGTERM raise torch's SignalException in the main thread, once, and not
-    while the agent starts its ranks; the previous handlers come back afterwards. The agent's LaunchConfig
-    must have signals_to_handle=AGENT_HANDLES."""
+    while one of the `starting` functions (default: agent_start()) runs; the previous handlers come back
+    afterwards. The agent's LaunchConfig must have signals_to_handle=AGENT_HANDLES."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    codes = _starting_code()
+    codes = {inspect.unwrap(f).__code__ for f in (agent_start() if starting is None else starting)}
+    pending: list[threading.Timer] = []  # re-sends not yet made; cancelled when the block is left
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if _on_stack(frame, codes):
             again = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
             again.daemon = True
+            pending.append(again)
             again.start()
             return
         for s in SIGNALS:  # one report; the agent's shutdown of its workers is not cut short
@@ -71,5 +73,7 @@ def agent_signals() -> Iterator[None]:
     try:
         yield
     finally:
+        for t in pending:
+            t.cancel()
         for s, h in zip(SIGNALS, saved):
             signal.signal(s, h)
