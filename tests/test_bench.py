@@ -412,7 +412,7 @@ POINT_KEYS_BEFORE = [
 PREFILL_FILL_KEYS_BEFORE = ["fill_prefill_tokens_per_s"]  # besides those, on a prefill-built point
 # Keys a point record has gained since: the host's time per step and the prefill throughput against FLOPs.
 ADDED_KEYS = ["host_ms_per_step", "prefill_context", "prefill_flops", "prefill_tflops", "prefill_peak_tflops",
-              "prefill_peak_share", "prefill_by_chunk"]
+              "prefill_peak_share", "prefill_by_chunk", "profile_view_bytes", "profile_view_bw_share"]
 PROJECTED_KEYS_BEFORE = [
     "projected", "shard_of_tp", "shard_rank", "rank_step_ms", "rank_roofline_ms", "rank_roofline_ratio",
     "projected_allreduce_us", "projected_comm_ms", "projected_step_ms", "projected_roofline_ms",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tp_runtime.bench.env import BenchEnv
 from tp_runtime.bench.flops import prefill_flops
+from tp_runtime.bench.group_bytes import bandwidth_shares, group_bytes
 from tp_runtime.bench.lanes import Lane
 from tp_runtime.bench.measure import flat, summarize_ms
 from tp_runtime.bench.projection import rank_fields
@@ -46,7 +47,7 @@ def build_record(env: BenchEnv, lane: Lane, point: Point, r: LaneResult) -> Benc
                          w.cfg.model.num_attention_heads),
         steps=step_times(env, lane, point, r, st), allreduce_choice=w.allreduce_report,
         breaks=breaks(r.breaks, st["median"], full=w.full_graphs is not None and lane.replayed > 0),
-        profile=profile(r.profile, st["median"]), prefill=prefill(w, r.prefill, env.s.peak_tflops),
+        profile=profile(r.profile, st["median"], w, point, shard_tp, env.machine["roofline_GBps"]), prefill=prefill(w, r.prefill, env.s.peak_tflops),
         allreduce=AllreduceTimes(point.batch * w.cfg.model.hidden_size * w.dtype.itemsize, r.allreduce),
         roofline=roofline(env.machine, w, point, r.allreduce, st["median"], shard_tp, env.s.projected_allreduce_us),
         fill=fill(lane, point))
@@ -98,10 +99,16 @@ def breaks(brk: dict | None, step_median: float, full: bool) -> Breaks:
                   "on_break: CUDA events and host clock around each eager call (separate steps)")
 
 
-def profile(prof: dict, step_median: float) -> Profile:
+def profile(prof: dict, step_median: float, w: Worker, point: Point, tp: int, roofline_GBps: float) -> Profile:
+    """The profiler's fields, and per kernel group the bytes the step must move and, where the profile view
+    ran (bench.profile on a GPU), their share of the bandwidth over the group's GPU time."""
     busy = prof["gpu_busy_ms"]
+    nbytes = group_bytes(w.cfg.model, tp, point.batch, point.context, w.dtype.itemsize, w.stack.fp8,
+                         w.stack.fp8_cache)
+    view = prof.get("profile_view_ms")
     return Profile(prof, step_median / busy if busy else None,
-                   "torch profiler (CUPTI), separate untimed steps" if busy is not None else None)
+                   "torch profiler (CUPTI), separate untimed steps" if busy is not None else None,
+                   nbytes, bandwidth_shares(nbytes, view, roofline_GBps * 1e9) if view else None)
 
 
 def prefill(w: Worker, sizes: list[ChunkTimes], peak_tflops: float) -> Prefill:

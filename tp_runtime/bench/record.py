@@ -167,6 +167,8 @@ class Profile(Part):
     profiler: dict = field(metadata=SPREAD)
     step_vs_gpu_busy: float | None
     profile_source: str | None
+    profile_view_bytes: dict  # group -> bytes the step must move (bench/group_bytes.py)
+    profile_view_bw_share: dict | None  # group -> those bytes over the view's GPU ms, a share of roofline_GBps
 
 
 @dataclass

@@ -133,6 +133,25 @@ def projected_table(points: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def bandwidth_table(points: list[dict]) -> str:
+    """Points with a profile view (bench.profile on a GPU): per kernel group with a byte model
+    (bench/group_bytes.py), its GPU ms a step (eager steps of the view), the bytes it must move, and
+    those bytes over that time as a share of the roofline's bandwidth."""
+    vw = max([7] + [len(p["variant"]) for p in points])
+    head = (f"{'variant':<{vw}} {'mode':<17} {'batch':>5} {'ctx':>6} {'cache':<5} {'weights':<7} {'group':<12} "
+            f"{'GPU ms':>8} {'MB':>9} {'GB/s':>7} {'share':>6}")
+    rows = [head, "-" * len(head)]
+    key = lambda p: (p["variant"], p["mode"], p["context"], p["batch"], p["cache_format"])  # noqa: E731
+    for p in sorted((p for p in points if p.get("profile_view_bw_share")), key=key):
+        for group, nbytes in p["profile_view_bytes"].items():
+            ms, share = p["profile_view_ms"].get(group), p["profile_view_bw_share"].get(group)
+            rate = nbytes / ms / 1e6 if ms else None  # bytes / ms / 1e6 = GB/s
+            rows.append(f"{p['variant']:<{vw}} {p['mode']:<17} {p['batch']:>5} {p['context']:>6} "
+                        f"{p['cache_format']:<5} {p['weight_format']:<7} {group:<12} {_fmt(ms, 8, 3)} "
+                        f"{nbytes / 1e6:>9.1f} {_fmt(rate, 7, 0)} {_fmt(share and 100 * share, 5, 0)}%")
+    return "\n".join(rows)
+
+
 def comparisons_table(comparisons: list[dict]) -> str:
     head = (f"{'comparison':<18} {'variant':<17} {'baseline':<22} {'tp':>2} {'batch':>5} {'ctx':>6} "
             f"{'ratio':>7}  spread (q1..q3, min..max over repeats)")
@@ -171,5 +190,9 @@ def print_tables(points: list[dict], comparisons: list[dict]) -> None:
         print("\nPROJECTED shards' speedups between lanes of one shard (baseline time / variant time; tp: the "
               "tp of the shard)")
         print(comparisons_table(p_cmp))
+    if any(p.get("profile_view_bw_share") for p in measured):
+        print("\nbandwidth by kernel group (profile view: eager steps under the profiler; MB the group must move, "
+              "share = MB / GPU ms over roofline_GBps)")
+        print(bandwidth_table(measured))
     if any(p.get("roofline_ratio_below_1") for p in points):
         print(FLAG_NOTE)

@@ -48,12 +48,16 @@ class StepBytes:
         return StepBytes(self.weights + other.weights, self.cache + other.cache)
 
 
-def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool = False) -> int:
+def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool = False,
+                       kinds: tuple[str, ...] | None = None) -> int:
     """Weight bytes one rank holds (and reads once per step) for one layer of compress ratio `ratio`:
-    the shard table's tensors, the split ones divided by tp, in the run dtype (ape, attn_sink fp32); with
-    fp8, the FP8 matrices as stored: one byte a value plus one e8m0 byte per 128 x 128 block."""
+    the shard table's tensors (of `kinds` only, when given), the split ones divided by tp, in the run dtype
+    (ape, attn_sink fp32); with fp8, the FP8 matrices as stored: one byte a value plus one e8m0 byte per
+    128 x 128 block."""
     total = 0
     for spec in layer_specs(m, 0, ratio, fp8=fp8):
+        if kinds is not None and spec.kind not in kinds:
+            continue
         split = tp if spec.shard_dim is not None else 1
         n = math.prod(spec.shape) // split
         if is_fp8_param(spec):
