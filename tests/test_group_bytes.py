@@ -62,3 +62,24 @@ def test_bandwidth_table_lists_each_group_of_each_profiled_point():
     assert len(lines) == 2  # the point without a view has no rows
     assert "weight GEMMs" in lines[0] and lines[0].split()[-4:] == ["0.500", "1000.0", "2000", "50%"]
     assert "attention" in lines[1] and lines[1].split()[-4:] == ["4.000", "2000.0", "500", "12%"]
+
+
+def test_a_profile_with_a_view_gets_each_groups_share():
+    """lane_record.profile on a tiny CPU Worker, given a view's GPU ms as a GPU run would record them."""
+    import torch
+
+    from tp_runtime.bench.lane_record import profile
+    from tp_runtime.bench.record import Point
+    from tp_runtime.executor.worker import Worker
+    from tp_runtime.parallel.group import single_process
+
+    cfg = load_config(CONFIGS / "tiny.yaml", ["runtime.device=cpu", "graph.mode=eager"])
+    w = Worker(cfg, single_process(torch.device("cpu")))
+    point = Point(3, 150, "base")
+    nbytes = group_bytes(cfg.model, 1, 3, 150, w.dtype.itemsize)
+    plain = profile({"gpu_busy_ms": None}, 1.0, w, point, 1, 2.0)
+    assert plain.profile_view_bytes == nbytes and plain.profile_view_bw_share is None
+    view = {g: 1e-3 for g in ("weight GEMMs", "attention", "indexer", "norms and rotary")} | {"total": 4e-3}
+    shares = profile({"gpu_busy_ms": 4e-3, "profile_view_ms": view}, 1.0, w, point, 1, 2.0).profile_view_bw_share
+    assert set(shares) == set(nbytes)  # groups without a byte model get no share
+    assert shares["attention"] == pytest.approx(nbytes["attention"] / 1e-6 / 2e9)  # 1 us of a 2 GB/s roofline
