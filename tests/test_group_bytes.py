@@ -83,3 +83,13 @@ def test_a_profile_with_a_view_gets_each_groups_share():
     shares = profile({"gpu_busy_ms": 4e-3, "profile_view_ms": view}, 1.0, w, point, 1, 2.0).profile_view_bw_share
     assert set(shares) == set(nbytes)  # groups without a byte model get no share
     assert shares["attention"] == pytest.approx(nbytes["attention"] / 1e-6 / 2e9)  # 1 us of a 2 GB/s roofline
+
+
+def test_the_kernel_bandwidth_sweep_profiles_both_cache_formats():
+    from tp_runtime.bench.sweep_config import load_sweep
+
+    sweep = load_sweep(CONFIGS / "bench_kernel_bandwidth.yaml")
+    assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
+    assert sweep.bench.profile and sweep.bench.profile_steps > 0
+    formats = [sweep.worker_config(1, sweep.variants()[0], mode).runtime.cache_format for mode in sweep.modes]
+    assert formats == ["bf16", "fp8"]
