@@ -10,6 +10,7 @@ A covering subset, not the full product launchers x signals x phases (each Ray c
     local, elastic agent   SIGTERM                   while the rank processes start
     local, tp = 1          SIGINT                    mid-run (the ranks' code runs in the CLI process)
     torchrun (the wrapper) SIGTERM to the agent      mid-run (launch/torchrun_multinode.sh; the agent ends the ranks)
+    torchrun (the wrapper) SIGTERM to the agent      while the rank processes start
     torchrun (the wrapper) SIGINT to the group       mid-bench (tp_runtime.bench's entry: the ranks say nothing)
 
 Every launcher and both signals appear, both phases under Ray and under the elastic agent. "Mid-run": rank
@@ -149,6 +150,19 @@ def test_torchrun_wrapper_sigterm_to_the_agent_mid_run() -> None:
                                     env=child_env(PYTHON=sys.executable))
     _assert_reported(rc, out, err, left, signal.SIGTERM)
     assert "output_checksum" not in out
+
+
+def test_torchrun_wrapper_sigterm_while_ranks_start() -> None:
+    # The agent is starting its ranks (the first exists): the signal waits until they have started
+    # (parallel/agent_signals.py), then the agent ends them all and the wrapper says so once.
+    def ranks_started(mark: str, stderr: str, pid: int) -> bool:
+        return len(marked(mark) - {pid}) >= 2
+
+    cmd = [sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--standalone", "--nproc-per-node", "2",
+           "-m", "tp_runtime.engine.entry", TINY, *LONG]
+    rc, out, err, left = _interrupt(cmd, signal.SIGTERM, ranks_started)
+    _assert_reported(rc, out, err, left, signal.SIGTERM)
+    assert STEPPING not in err  # before any rank built its worker
 
 
 def test_torchrun_wrapper_ctrl_c_mid_bench_reaches_every_rank_quietly(tmp_path: Path) -> None:

@@ -3,11 +3,11 @@
     python -m tp_runtime.parallel.torchrun_main --standalone --nproc-per-node 2 \
         -m tp_runtime.engine.entry configs/tiny.yaml
 
-The arguments are torchrun's own (torch.distributed.run), unchanged. SIGINT / SIGTERM end the job as under
-`tp-runtime run`: the elastic agent ends its workers (its handler raises torch's SignalException once they
-run; before that, the project's Interrupted), and the command prints one `error: interrupted (SIGINT)` line
-and exits 130 (143 for SIGTERM) rather than torch's traceback and exit status 1. The ranks end at once and
-say nothing (interrupt.quiet_rank_exit in each entry).
+The arguments are torchrun's own (torch.distributed.run), unchanged, after `--signals-to-handle SIGHUP,SIGQUIT`
+(a later one of the user's wins). SIGINT / SIGTERM end the job as under `tp-runtime run`: agent_signals.py
+raises torch's SignalException, held back while the agent starts its workers, and the agent ends them; the
+command prints one `error: interrupted (SIGINT)` line and exits 130 (143 for SIGTERM) rather than torch's
+traceback and exit status 1. The ranks end at once and say nothing (interrupt.quiet_rank_exit in each entry).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     """torch.distributed.run's main on argv (default: this command's arguments); 0, or 128 + signal."""
     args = sys.argv[1:] if argv is None else argv
     sys.argv[0] = PROG  # torchrun's usage line names this command
-    with on_signals():  # Interrupted (torch's import included) until the agent starts its workers; then the
-        try:            # agent's own handlers, until it returns or has ended its workers on a signal
+    with on_signals():  # Interrupted while torch is imported; then agent_signals' handler (_torchrun)
+        try:
             _torchrun(args)
         except KeyboardInterrupt as e:
             stopped = from_keyboard_interrupt(e)
@@ -34,12 +34,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _torchrun(args: list[str]) -> None:
-    """torchrun's main; the agent's SignalException (its workers ended) as Interrupted."""
+    """torchrun's main, SIGINT / SIGTERM left to agent_signals; the SignalException (the agent has ended its
+    workers) as Interrupted."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    from tp_runtime.parallel.agent_signals import AGENT_HANDLES, agent_signals
+
     try:
-        torchrun.main(args)
+        with agent_signals():
+            torchrun.main(["--signals-to-handle", AGENT_HANDLES, *args])
     except SignalException as e:
         raise Interrupted(e.sigval) from None
 
