@@ -40,3 +40,13 @@ def test_a_signal_outside_the_start_is_raised_at_once_and_only_once() -> None:
             time.sleep(2)
     assert time.monotonic() - t0 < 1.0
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # the previous handler is back
+
+
+def test_the_agent_is_told_to_leave_sigint_and_sigterm_alone() -> None:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from tp_runtime.parallel.agent_signals import agent_handles
+
+    kw = agent_handles()  # this torch (>= 2.9) has the field; an older one gets {} and its own handlers
+    assert kw == {"signals_to_handle": "SIGHUP,SIGQUIT"}
+    assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, **kw).signals_to_handle == "SIGHUP,SIGQUIT"

@@ -6,13 +6,14 @@ or a semaphore its launcher has already unlinked (FileNotFoundError): a tracebac
 `error:` line, from a rank the agent never learned of and so does not end.
 
 Within `agent_signals()` the agent leaves SIGINT / SIGTERM to this module (its LaunchConfig's
-signals_to_handle is AGENT_HANDLES). The handler raises the same SignalException, so the agent ends its workers as
+signals_to_handle is AGENT_HANDLES, torch >= 2.9; `agent_handles()`). The handler raises the same SignalException, so the agent ends its workers as
 before, except while the agent is starting them: then the signal is sent again RETRY_S later, until
 every rank has started and is known to the agent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import signal
@@ -25,6 +26,15 @@ from tp_runtime.parallel.interrupt import SIGNALS
 
 RETRY_S = 0.05  # how soon a held-back signal is sent again (starting two ranks takes ~0.1 s)
 AGENT_HANDLES = "SIGHUP,SIGQUIT"  # LaunchConfig.signals_to_handle: what torch's agent still handles itself
+
+
+def agent_handles() -> dict[str, str]:
+    """LaunchConfig keywords that leave SIGINT / SIGTERM to this module: {} where torch's LaunchConfig has no
+    signals_to_handle (before torch 2.9); there the agent handles them itself, as it always did."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    has = "signals_to_handle" in {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"signals_to_handle": AGENT_HANDLES} if has else {}
 
 
 def agent_start() -> tuple[Callable, ...]:
@@ -49,7 +59,7 @@ def _on_stack(frame: FrameType | None, codes: set[CodeType]) -> bool:
 def agent_signals(starting: tuple[Callable, ...] | None = None) -> Iterator[None]:
     """Within the block SIGINT / SIGTERM raise torch's SignalException in the main thread, once, and not
     while one of the `starting` functions (default: agent_start()) runs; the previous handlers come back
-    afterwards. The agent's LaunchConfig must have signals_to_handle=AGENT_HANDLES."""
+    afterwards. The agent's LaunchConfig must have agent_handles()."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     codes = {inspect.unwrap(f).__code__ for f in (agent_start() if starting is None else starting)}

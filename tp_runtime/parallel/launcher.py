@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.parallel.errors import LaunchError
-from tp_runtime.parallel.agent_signals import AGENT_HANDLES, agent_signals
+from tp_runtime.parallel.agent_signals import agent_handles, agent_signals
 from tp_runtime.parallel.interrupt import Interrupted, quiet_rank_exit
 
 ENTRY_MODULE = "tp_runtime.engine.entry"  # the run's torchrun entry (the bench's: tp_runtime.bench)
@@ -109,7 +109,7 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
         run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
         rdzv_backend=LOOPBACK_BACKEND, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_configs={"store": store},
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
-        signals_to_handle=AGENT_HANDLES,  # SIGINT / SIGTERM: agent_signals
+        **agent_handles(),  # SIGINT / SIGTERM: agent_signals
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name

@@ -3,8 +3,8 @@
     python -m tp_runtime.parallel.torchrun_main --standalone --nproc-per-node 2 \
         -m tp_runtime.engine.entry configs/tiny.yaml
 
-The arguments are torchrun's own (torch.distributed.run), unchanged, after `--signals-to-handle SIGHUP,SIGQUIT`
-(a later one of the user's wins). SIGINT / SIGTERM end the job as under `tp-runtime run`: agent_signals.py
+The arguments are torchrun's own (torch.distributed.run), unchanged, after `--signals-to-handle=SIGHUP,SIGQUIT`
+(torch >= 2.9; a later one of the user's wins). SIGINT / SIGTERM end the job as under `tp-runtime run`: agent_signals.py
 raises torch's SignalException, held back while the agent starts its workers, and the agent ends them; the
 command prints one `error: interrupted (SIGINT)` line and exits 130 (143 for SIGTERM) rather than torch's
 traceback and exit status 1. The ranks end at once and say nothing (interrupt.quiet_rank_exit in each entry).
@@ -39,11 +39,12 @@ def _torchrun(args: list[str]) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from tp_runtime.parallel.agent_signals import AGENT_HANDLES, agent_signals
+    from tp_runtime.parallel.agent_signals import agent_handles, agent_signals
 
+    ours = [f"--signals-to-handle={v}" for v in agent_handles().values()]  # torchrun's flag for the field
     try:
         with agent_signals():
-            torchrun.main(["--signals-to-handle", AGENT_HANDLES, *args])
+            torchrun.main([*ours, *args])
     except SignalException as e:
         raise Interrupted(e.sigval) from None
 
