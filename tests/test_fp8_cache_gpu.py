@@ -39,7 +39,8 @@ DEV = KERNEL_DEVICE
 
 from test_compressor_kernel_gpu import Case, step_batch  # noqa: E402
 from test_kernels_gpu import (  # noqa: E402
-    DECODE_POS, DTYPES, TOL, assert_graph_replay_follows_inputs, attention_case, rel_err, run_both, topk_case)
+    DECODE_POS, DTYPES, TOL, assert_graph_replay_follows_inputs, attention_case, padded_picks_case, rel_err, run_both,
+    topk_case)
 
 from tp_runtime.ops.cache_fp8 import load_keys, load_rows, store_key, store_row  # noqa: E402
 from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
@@ -178,6 +179,15 @@ def test_fp8_attention_forced_splits_match(splits_len):
     T, args = fp8_attention_case([(0, 700, 1), (1, 3000, 2), (2, 5, 1)], 16, 4, torch.float32, seed=3)
     out, ref = run_both(T, args, 16, config=AttnConfig(16, 32, 4, 1, splits_len))
     assert rel_err(out, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("n_cand", [1, 7, 64, 512])
+@pytest.mark.parametrize("pattern", ["none", "packed", "alternate", "all"])
+def test_fp8_attention_candidate_counts_and_padding(n_cand, pattern):
+    # test_kernels_gpu's -1 patterns over FP8 rows (split over programs, attn_config's choice for two tokens)
+    T, args = padded_picks_case(n_cand, pattern, torch.float32, case=fp8_attention_case)
+    out, ref = run_both(T, args, 16)
+    assert rel_err(out, ref) < TOL[torch.float32], (n_cand, pattern, rel_err(out, ref))
 
 
 def test_fp8_attention_small_dims():

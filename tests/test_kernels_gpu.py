@@ -155,6 +155,39 @@ def test_attention_forced_splits_match(splits_len):
     assert rel_err(out, ref) < TOL[torch.float32]
 
 
+# Which of a token's n picks are valid (the rest -1), as masks over the pick positions: none, one, the
+# indexer's packing (valid first), -1 first, every other one, all. The kernel reads min(n_done, n) picks
+# and masks each -1 wherever it stands; the torch twin masks them too.
+PICK_PATTERNS = {
+    "none": lambda n: torch.zeros(n, dtype=torch.bool),
+    "first": lambda n: torch.arange(n) < 1,
+    "packed": lambda n: torch.arange(n) < (n + 1) // 2,
+    "tail": lambda n: torch.arange(n) >= n // 2,
+    "alternate": lambda n: torch.arange(n) % 2 == 0,
+    "all": lambda n: torch.ones(n, dtype=torch.bool),
+}
+
+
+def padded_picks_case(n_cand: int, pattern: str, dtype: torch.dtype, case=None):
+    """Two decode tokens at positions 4095 and 3000 (1024 and 750 completed entries: every pick position is
+    within the token's count) choosing n_cand picks, then -1 where the pattern says."""
+    T, args = (case or attention_case)([(0, 4095, 1), (1, 3000, 1)], 16, 4, dtype, seed=n_cand, topk=n_cand)
+    picks = args[6]
+    picks[:, ~PICK_PATTERNS[pattern](n_cand).to(DEV)] = -1
+    return T, args
+
+
+@pytest.mark.parametrize("n_cand", [1, 7, 64, 512])
+@pytest.mark.parametrize("pattern", list(PICK_PATTERNS))
+@pytest.mark.parametrize("split", [True, False])
+def test_attention_candidate_counts_and_padding(n_cand, pattern, split):
+    # 1, 7, 64 and 512 compressed candidates behind the 128 window rows, under every -1 pattern, with the
+    # candidates split over programs (attn_config's choice for two tokens) and in one pass.
+    T, args = padded_picks_case(n_cand, pattern, torch.float32)
+    out, ref = run_both(T, args, 16, config=None if split else AttnConfig(16, 32, 4, 1, 4096))
+    assert rel_err(out, ref) < TOL[torch.float32], (n_cand, pattern, rel_err(out, ref))
+
+
 def test_attention_tiny_dims():
     # tiny.yaml's dims (D = 32, Dr = 8, W = 16, 4 local heads): blocks mix window and compressed rows.
     for ratio in (0, 4, 128):
