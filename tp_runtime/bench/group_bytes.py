@@ -10,7 +10,8 @@ Per selected layer of compress ratio r, B sequences holding ctx tokens, Hl = H /
                   FP8 weights: a byte a value + an e8m0 byte per 128 x 128 block). The compressors' and the
                   indexer's projections are matrices of the layer's GEMMs too.
     attention     B x [rows x row_bytes + 2 x Hl x D x elem (q read, output written) + 8 x picks]
-                  rows = min(W, ctx) window rows + min(K, ctx // 4) picks (r = 4) or ctx // 128 entries (r = 128)
+                  rows = min(W, ctx) window rows + min(K, ctx // 4) picks (r = 4) or ctx // 128 entries (r = 128):
+                  flops.candidate_rows at position ctx - 1
     indexer       r = 4: B x [ctx // 4 x key_bytes + Ih x Id x elem (q) + Ih x elem (head weights)
                                 + 8 x min(K, ctx // 4) (picks written)]
     all-reduce    tp > 1: B x hidden x elem, the layer's output, once
@@ -22,30 +23,31 @@ a few rows a token and have no entry: their share is not computed.
 
 from __future__ import annotations
 
-from tp_runtime.bench.roofline import layer_weight_bytes
+from tp_runtime.bench.flops import candidate_rows
+from tp_runtime.bench.roofline import layer_weight_bytes, stored_bytes
 from tp_runtime.config import ModelConfig
-from tp_runtime.model.cache import row_widths
 
 INDEX_BYTES = 8  # a pick is an int64 row index
 
 
+def _picks(m: ModelConfig, ratio: int, ctx: int) -> int:
+    """The indexer's picks a token holding ctx tokens gets (r = 4), else 0."""
+    return min(m.index_topk, ctx // 4) if ratio == 4 else 0
+
+
 def attention_bytes(m: ModelConfig, ratio: int, tp: int, batch: int, ctx: int, elem: int, fp8_cache: bool) -> int:
-    row, _ = row_widths(m, fp8_cache)
-    row_b = row if fp8_cache else row * elem
-    rows = min(m.sliding_window, ctx)
-    picks = min(m.index_topk, ctx // 4) if ratio == 4 else 0
-    rows += picks if ratio == 4 else (ctx // 128 if ratio == 128 else 0)
+    row, _ = stored_bytes(m, elem, fp8_cache)
     heads = m.num_attention_heads // tp
-    return batch * (rows * row_b + 2 * heads * m.head_dim * elem + INDEX_BYTES * picks)
+    return batch * (candidate_rows(m, ratio, ctx - 1) * row + 2 * heads * m.head_dim * elem
+                    + INDEX_BYTES * _picks(m, ratio, ctx))
 
 
 def indexer_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int, fp8_cache: bool) -> int:
     if ratio != 4:
         return 0
-    _, key = row_widths(m, fp8_cache)
-    key_b = key if fp8_cache else key * elem
+    _, key = stored_bytes(m, elem, fp8_cache)
     q = m.index_n_heads * (m.index_head_dim + 1) * elem  # q and the heads' weights
-    return batch * ((ctx // 4) * key_b + q + INDEX_BYTES * min(m.index_topk, ctx // 4))
+    return batch * ((ctx // 4) * key + q + INDEX_BYTES * _picks(m, ratio, ctx))
 
 
 def group_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int, fp8: bool = False,

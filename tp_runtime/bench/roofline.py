@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tp_runtime.bench.flops import candidate_rows
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.cache import cache_bytes, row_widths
 from tp_runtime.weights.specs import is_fp8_param, layer_specs
@@ -67,16 +68,19 @@ def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool
     return total
 
 
-def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int, fp8_cache: bool = False) -> int:
-    """Cache bytes attention reads for one layer at a decode step of `batch` sequences holding ctx tokens."""
+def stored_bytes(m: ModelConfig, elem: int, fp8_cache: bool) -> tuple[int, int]:
+    """Bytes of one attention row and of one indexer key as the caches store them."""
     row, key = row_widths(m, fp8_cache)  # bytes with FP8 caches, elements of `elem` bytes otherwise
-    if not fp8_cache:
-        row, key = row * elem, key * elem
-    nbytes = min(m.sliding_window, ctx) * row
+    return (row, key) if fp8_cache else (row * elem, key * elem)
+
+
+def layer_cache_bytes(m: ModelConfig, ratio: int, batch: int, ctx: int, elem: int, fp8_cache: bool = False) -> int:
+    """Cache bytes attention reads for one layer at a decode step of `batch` sequences holding ctx tokens:
+    the rows a token at position ctx - 1 attends to (flops.candidate_rows), and on r = 4 every indexer key."""
+    row, key = stored_bytes(m, elem, fp8_cache)
+    nbytes = candidate_rows(m, ratio, ctx - 1) * row
     if ratio == 4:
-        nbytes += min(m.index_topk, ctx // 4) * row + (ctx // 4) * key
-    elif ratio == 128:
-        nbytes += (ctx // 128) * row
+        nbytes += (ctx // 4) * key
     return batch * nbytes
 
 
