@@ -4,6 +4,7 @@ launcher's checksum of configs/tiny.yaml."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -237,3 +238,11 @@ def local_checksum() -> float:
     rec = last_json(r.stdout)
     assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
     return rec["output_checksum"]
+
+
+def with_settings(cfg, section: str, **values):
+    """A deep copy of the RunConfig cfg with cfg.<section>.<key> = value for each keyword; cfg is left as is."""
+    out = copy.deepcopy(cfg)
+    for key, value in values.items():
+        setattr(getattr(out, section), key, value)
+    return out

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_PATH as TINY, run_cli
+from conftest import TINY_PATH as TINY, run_cli, with_settings
 from tp_runtime.bench.cache_fill import fill_seeded
 from tp_runtime.bench.roofline import largest_batches, layer_cache_bytes, memory_per_rank, step_bytes
 from tp_runtime.bench.sweep_config import load_sweep, split_mode
@@ -200,8 +200,7 @@ def test_fp8_incremental_and_slot_reuse(fp8_scenario, fp8_run, allow_fp8_cache_o
 def test_fp8_static_decode_path_matches_eager(allow_fp8_cache_on_cpu):
     # graph.mode=full on a CPU runs the static decode path (masked, max-size candidate sets) eagerly
     base = load_config(TINY, SCENARIO + ["runtime.cache_format=fp8", "runtime.device=auto"])
-    full = copy.deepcopy(base)
-    full.graph.mode = "full"
+    full = with_settings(base, "graph", mode="full")
     with pytest.warns(UserWarning):
         res = in_process(full, keep_outputs=True)
     assert res.steps_by_path.get("full")

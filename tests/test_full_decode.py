@@ -8,11 +8,10 @@ dynamic eager path whose sizes come from the step. GPU replay of the same path: 
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 
-from conftest import TINY_PATH as TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli, with_settings
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.engine.entry import in_process, launch
 from tp_runtime.verify.check import TOLERANCES, max_rel_err
@@ -33,12 +32,6 @@ EDGES = ["runtime.device=cpu", f"workload.requests={len(PROMPTS)}", f"workload.p
          "runtime.max_tokens_per_step=1300", "runtime.prefill_chunk=512"]
 
 
-def _eager(cfg):
-    out = copy.deepcopy(cfg)
-    out.graph.mode = "eager"
-    return out
-
-
 def test_full_modes_are_accepted_and_others_refused():
     for mode in ("full", "full_and_breakable"):
         assert load_config(TINY, [f"graph.mode={mode}"]).graph.mode == mode
@@ -51,7 +44,7 @@ def test_static_decode_path_equals_the_dynamic_one_at_every_edge(mode):
     cfg = load_config(TINY, ["parallel.tp=1", f"graph.mode={mode}", *EDGES])
     with pytest.warns(UserWarning, match=f"graph.mode={mode} needs a CUDA device"):
         full = in_process(cfg, keep_outputs=True)
-    eager = in_process(_eager(cfg), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     assert full.steps_by_path == {"eager": 1, "full": max(DECODES)}  # one prefill step, then decode-only
     assert full.replayed_steps == 0 and full.graph == {}
     assert eager.steps_by_path == {"eager": 1 + max(DECODES)}
@@ -63,7 +56,7 @@ def test_static_decode_path_equals_the_dynamic_one_at_every_edge(mode):
 def test_static_decode_path_at_tp2():
     cfg = load_config(TINY, ["parallel.tp=2", "parallel.launcher=local", "graph.mode=full", *EDGES])
     full = launch(cfg, keep_outputs=True)
-    tp1 = in_process(_eager(load_config(TINY, ["parallel.tp=1", *EDGES])), keep_outputs=True)
+    tp1 = in_process(with_settings(load_config(TINY, ["parallel.tp=1", *EDGES]), "graph", mode="eager"), keep_outputs=True)
     assert full.steps_by_path["full"] == max(DECODES)
     err = max_rel_err(full.outputs, tp1.outputs)
     assert err <= TOL, err
@@ -74,7 +67,7 @@ def test_mixed_steps_take_the_dynamic_path():
     cfg = load_config(TINY, ["parallel.tp=1", "runtime.device=cpu", "graph.mode=full"])
     with pytest.warns(UserWarning):
         full = in_process(cfg, keep_outputs=True)
-    eager = in_process(_eager(cfg), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     assert full.steps_by_path["eager"] > 0 and full.steps_by_path["full"] > 0
     assert sum(full.steps_by_path.values()) == full.steps == eager.steps
     assert max_rel_err(full.outputs, eager.outputs) <= TOL

@@ -7,12 +7,11 @@ Stage B on two streams (runtime.streams=2, the default) against one, in full and
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
-from conftest import TINY_PATH as TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli, with_settings
 from test_full_decode import DECODES, EDGES
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import in_process
@@ -25,21 +24,14 @@ TOL = TOLERANCES["float32"]  # tiny runs in float32: GEMMs of another row count 
 GPU_EDGES = [e for e in EDGES if e != "runtime.device=cpu"] + ["runtime.device=cuda"]
 
 
-def _with(cfg, **graph):
-    out = copy.deepcopy(cfg)
-    for k, v in graph.items():
-        setattr(out.graph, k, v)
-    return out
-
-
 @pytest.mark.parametrize("mode", ["full", "full_and_breakable"])
 def test_replay_matches_eager_at_every_edge(mode):
     # Captured on an all-padding step (position 0, nothing in any cache), replayed at contexts 1..510.
     cfg = load_config(TINY, ["parallel.tp=1", f"graph.mode={mode}", "graph.capture_sizes=[8,4,2,1]", *GPU_EDGES])
     full = in_process(cfg, keep_outputs=True)
     # The same static path run eagerly (no capture size holds 8 tokens, no breakable graph to fall to).
-    static = in_process(_with(cfg, mode="full", capture_sizes=[1]), keep_outputs=True)
-    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    static = in_process(with_settings(cfg, "graph", mode="full", capture_sizes=[1]), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     assert full.steps_by_path["full"] == max(DECODES) == full.replays_by_size.get(8, 0)
     assert static.replayed_steps == 0 and static.steps_by_path["full"] == max(DECODES)
     replay_err = max_rel_err(full.outputs, static.outputs)
@@ -62,7 +54,7 @@ def test_mixed_workload_replays_both_kinds():
                              "workload.decode_len=[1, 40]", "runtime.max_seqs=12", "runtime.max_tokens_per_step=96",
                              "runtime.prefill_chunk=40"])
     run = in_process(cfg, keep_outputs=True)
-    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     paths = run.steps_by_path
     assert paths["full"] > 0 and paths["breakable"] > 0 and paths.get("eager", 0) > 0, paths
     assert max_rel_err(run.outputs, eager.outputs) <= TOL
@@ -124,8 +116,8 @@ def test_two_stream_full_graph_equals_one_stream_and_eager(kernels):
     cfg = load_config(TINY, ["parallel.tp=1", "graph.mode=full", "graph.capture_sizes=[8,4,2,1]",
                              f"runtime.kernels={kernels}", "runtime.streams=2", *GPU_EDGES])
     two = in_process(cfg, keep_outputs=True)
-    one = in_process(_with_runtime(cfg, streams=1), keep_outputs=True)
-    eager = in_process(_with(_with_runtime(cfg, streams=2), mode="eager"), keep_outputs=True)
+    one = in_process(with_settings(cfg, "runtime", streams=1), keep_outputs=True)
+    eager = in_process(with_settings(with_settings(cfg, "runtime", streams=2), "graph", mode="eager"), keep_outputs=True)
     assert two.steps_by_path["full"] == one.steps_by_path["full"] == max(DECODES) == two.replays_by_size.get(8, 0)
     assert _same_bits(two, one)
     assert max_rel_err(two.outputs, eager.outputs) <= TOL
@@ -140,18 +132,11 @@ def test_breakable_scopes_with_two_streams(scope):
                              f"graph.break_scope={scope}", "runtime.streams=2", "workload.requests=6",
                              "workload.prompt_len=[3, 90]", "workload.decode_len=[1, 20]", "runtime.max_seqs=6"])
     two = in_process(cfg, keep_outputs=True)
-    one = in_process(_with_runtime(cfg, streams=1), keep_outputs=True)
-    eager = in_process(_with(cfg, mode="eager"), keep_outputs=True)
+    one = in_process(with_settings(cfg, "runtime", streams=1), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     assert two.steps_by_path.get("breakable", 0) > 0
     assert _same_bits(two, one)
     assert max_rel_err(two.outputs, eager.outputs) <= TOL
-
-
-def _with_runtime(cfg, **runtime):
-    out = copy.deepcopy(cfg)
-    for k, v in runtime.items():
-        setattr(out.runtime, k, v)
-    return out
 
 
 # ------------------------------------------------------------------ q_norm as the GEMMs' prologue (Triton GEMV)

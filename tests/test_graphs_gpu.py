@@ -5,7 +5,6 @@ Run on a machine with GPUs: `pytest -m gpu tests/test_graphs_gpu.py` (two GPUs f
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from tp_runtime.engine.scheduler import Scheduler
 from tp_runtime.engine.workload import build_workload
 from tp_runtime.graphs import BreakableGraph, _active, eager_break_during_capture
 from tp_runtime.verify.check import TOLERANCES, max_rel_err, reference_outputs
-from conftest import TINY_PATH as TINY, last_json, run_cli
+from conftest import TINY_PATH as TINY, last_json, run_cli, with_settings
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -31,9 +30,7 @@ MANY = ["workload.requests=12", "workload.prompt_len=[3, 90]", "workload.decode_
 def _pair(*overrides: str):
     cfg = load_config(TINY, ["parallel.tp=1", "graph.mode=breakable", *overrides])
     graph = in_process(cfg, keep_outputs=True)
-    eager_cfg = copy.deepcopy(cfg)
-    eager_cfg.graph.mode = "eager"
-    return cfg, graph, in_process(eager_cfg, keep_outputs=True)
+    return cfg, graph, in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
 
 
 @pytest.mark.parametrize("scope", ["wide", "hoisted", "narrow"])

@@ -8,12 +8,11 @@ size choice, a CPU run): tests/test_capture_sizes.py.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
-from conftest import TINY_PATH as TINY
+from conftest import TINY_PATH as TINY, with_settings
 from tp_runtime.config import eager_steps_warning, load_config
 from tp_runtime.engine.entry import in_process
 from tp_runtime.engine.report import run_record
@@ -43,12 +42,6 @@ RUN = ["parallel.tp=1", "runtime.device=cuda", "graph.mode=full_and_breakable", 
        "workload.prompt_len=[16, 300]", "workload.decode_len=[4, 24]"]
 
 
-def _eager(cfg):
-    out = copy.deepcopy(cfg)
-    out.graph.mode = "eager"
-    return out
-
-
 def test_prefill_sizes_up_to_the_step_budget_leave_no_eager_step():
     # Prefill chunks of 96 tokens and steps of up to 256: every one above the largest decode size (8).
     cfg = load_config(TINY, RUN)
@@ -65,7 +58,7 @@ def test_prefill_sizes_up_to_the_step_budget_leave_no_eager_step():
     for k in graphs.values():  # what the captures cost, per kind (the README points at these fields)
         assert k["capture_s"] > 0 and k["warmup_bytes"] > 0 and k["capture_peak_bytes"] >= k["graph_pool_bytes"]
     print({kind: {f: k[f] for f in ("capture_s", "warmup_bytes", "graph_pool_bytes")} for kind, k in graphs.items()})
-    eager = in_process(_eager(cfg), keep_outputs=True)
+    eager = in_process(with_settings(cfg, "graph", mode="eager"), keep_outputs=True)
     assert max_rel_err(run.outputs, eager.outputs) <= TOL
 
 
