@@ -171,21 +171,25 @@ def test_streams_setting_is_checked_and_a_cpu_runs_one():
     assert all(blk.attn.side is INLINE for blk in stack.layers.values())
 
 
+def _assert_stacks_equal(a: ModelShard, b: ModelShard, g: torch.Generator) -> None:
+    """Both shards' stacks run every plan of STEPS on the same hidden states drawn from g: equal bit for bit."""
+    with torch.no_grad():
+        for plan in STEPS:
+            x = torch.randn(plan.n_tokens, a.cfg.model.hidden_size, generator=g)
+            outs = []
+            for shard in (a, b):
+                shard.live.batch = batch = shard.buffers.load(plan, x, plan.n_tokens + 2)
+                outs.append(shard.stack(batch.x, shard.live, shard.caches, shard.attn_out, None))
+            assert torch.equal(*outs), plan
+
+
 def test_two_stream_schedule_gives_the_one_stream_values_bit_for_bit():
     cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2"])
     one, two = (ModelShard.build(cfg, single_process(CPU)) for _ in range(2))
     for blk in two.stack.layers.values():
         if blk.attn.ratio:
             blk.attn.side = _OverlapInPlace()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for plan in STEPS:
-            x = torch.randn(plan.n_tokens, cfg.model.hidden_size, generator=g)
-            outs = []
-            for shard in (one, two):
-                shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
-                outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
-            assert torch.equal(*outs), plan
+    _assert_stacks_equal(one, two, torch.Generator().manual_seed(1))
 
 
 # ------------------------------------------------------------------ q_norm as the GEMMs' prologue
@@ -212,13 +216,7 @@ def test_q_norm_in_the_gemms_prologue_gives_the_separate_norms_values_bit_for_bi
         x0 = torch.randn(3, cfg.model.hidden_size, generator=g)
         for blk in fused.stack.layers.values():
             assert blk.attn.stage_a(x0).qr_norm is blk.attn.q_norm
-        for plan in STEPS:
-            x = torch.randn(plan.n_tokens, cfg.model.hidden_size, generator=g)
-            outs = []
-            for shard in (plain, fused):
-                shard.live.batch = b = shard.buffers.load(plan, x, plan.n_tokens + 2)
-                outs.append(shard.stack(b.x, shard.live, shard.caches, shard.attn_out, None))
-            assert torch.equal(*outs), plan
+    _assert_stacks_equal(plain, fused, g)
 
 
 def test_decode_batch_stores_the_window_row_in_the_heads_call_with_the_same_values():
