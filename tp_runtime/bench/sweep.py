@@ -31,6 +31,7 @@ from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, s
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.bench.sweep_memory import check_sweep_memory
 from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.optional_plots import write_optional_plots
 from tp_runtime.parallel.errors import LaunchError, LaunchRefused
 from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
@@ -86,16 +87,9 @@ def write_records(sweep: SweepConfig, records: list[dict]) -> tuple[Path, list[d
 def finish(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> dict:
     """Write JSON lines, summary and plots; print the tables and the JSON summary (last stdout line)."""
     out_dir, points, comparisons = write_records(sweep, records)
-    files = ["points.jsonl", "comparisons.jsonl", "summary.json"]
-    plots = "off (bench.plots=false)"
-    if sweep.bench.plots and points:
-        try:  # the JSON is the result; a machine without matplotlib still gets it
-            from tp_runtime.bench.plots import write_plots
-        except ImportError as e:
-            plots = f"skipped: {e}"
-        else:
-            files += write_plots(points, comparisons, out_dir)
-            plots = "written"
+    plot_files, plots = write_optional_plots(bool(sweep.bench.plots and points), "bench.plots",
+                                             "tp_runtime.bench.plots", points, comparisons, out_dir)
+    files = ["points.jsonl", "comparisons.jsonl", "summary.json", *plot_files]
     summ = summary(sweep.name, config, overrides, points, comparisons, out_dir, files, wall_s)
     summ["plots"] = plots
     write_text_atomic(out_dir / "summary.json", json.dumps(summ, indent=2) + "\n")

@@ -23,6 +23,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.config import ConfigError
+from tp_runtime.optional_plots import write_optional_plots
 from tp_runtime.parallel.errors import LaunchError, LaunchRefused
 from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
@@ -45,15 +46,9 @@ def finish(sc: ServeConfig, config: str, overrides: list[str], rounds: list[dict
     d = out_dir(sc)
     settings = settings_records(rounds)
     files = write_outputs(d, rounds, settings)
-    plots = "off (serve.plots=false)"
-    if sc.serve.plots and settings:
-        try:  # the JSON is the result; a machine without matplotlib still gets it
-            from tp_runtime.serving.plots import write_plots
-        except ImportError as e:
-            plots = f"skipped: {e}"
-        else:
-            files += write_plots(settings, d, sc.name)
-            plots = "written"
+    plot_files, plots = write_optional_plots(bool(sc.serve.plots and settings), "serve.plots",
+                                             "tp_runtime.serving.plots", settings, d, sc.name)
+    files += plot_files
     summ = summary(sc.name, config, overrides, settings, d, files + ["summary.json"], wall_s)
     summ["plots"] = plots
     write_summary(d, summ)
