@@ -56,7 +56,8 @@ def test_static_decode_path_equals_the_dynamic_one_at_every_edge(mode):
 def test_static_decode_path_at_tp2():
     cfg = load_config(TINY, ["parallel.tp=2", "parallel.launcher=local", "graph.mode=full", *EDGES])
     full = launch(cfg, keep_outputs=True)
-    tp1 = in_process(with_settings(load_config(TINY, ["parallel.tp=1", *EDGES]), "graph", mode="eager"), keep_outputs=True)
+    tp1_cfg = with_settings(load_config(TINY, ["parallel.tp=1", *EDGES]), "graph", mode="eager")
+    tp1 = in_process(tp1_cfg, keep_outputs=True)
     assert full.steps_by_path["full"] == max(DECODES)
     err = max_rel_err(full.outputs, tp1.outputs)
     assert err <= TOL, err

@@ -117,7 +117,8 @@ def test_two_stream_full_graph_equals_one_stream_and_eager(kernels):
                              f"runtime.kernels={kernels}", "runtime.streams=2", *GPU_EDGES])
     two = in_process(cfg, keep_outputs=True)
     one = in_process(with_settings(cfg, "runtime", streams=1), keep_outputs=True)
-    eager = in_process(with_settings(with_settings(cfg, "runtime", streams=2), "graph", mode="eager"), keep_outputs=True)
+    eager_cfg = with_settings(with_settings(cfg, "runtime", streams=2), "graph", mode="eager")
+    eager = in_process(eager_cfg, keep_outputs=True)
     assert two.steps_by_path["full"] == one.steps_by_path["full"] == max(DECODES) == two.replays_by_size.get(8, 0)
     assert _same_bits(two, one)
     assert max_rel_err(two.outputs, eager.outputs) <= TOL

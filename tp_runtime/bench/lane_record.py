@@ -47,7 +47,8 @@ def build_record(env: BenchEnv, lane: Lane, point: Point, r: LaneResult) -> Benc
                          w.cfg.model.num_attention_heads),
         steps=step_times(env, lane, point, r, st), allreduce_choice=w.allreduce_report,
         breaks=breaks(r.breaks, st["median"], full=w.full_graphs is not None and lane.replayed > 0),
-        profile=profile(r.profile, st["median"], w, point, shard_tp, env.machine["roofline_GBps"]), prefill=prefill(w, r.prefill, env.s.peak_tflops),
+        profile=profile(r.profile, st["median"], w, point, shard_tp, env.machine["roofline_GBps"]),
+        prefill=prefill(w, r.prefill, env.s.peak_tflops),
         allreduce=AllreduceTimes(point.batch * w.cfg.model.hidden_size * w.dtype.itemsize, r.allreduce),
         roofline=roofline(env.machine, w, point, r.allreduce, st["median"], shard_tp, env.s.projected_allreduce_us),
         fill=fill(lane, point))

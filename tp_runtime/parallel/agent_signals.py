@@ -6,9 +6,9 @@ or a semaphore its launcher has already unlinked (FileNotFoundError): a tracebac
 `error:` line, from a rank the agent never learned of and so does not end.
 
 Within `agent_signals()` the agent leaves SIGINT / SIGTERM to this module (its LaunchConfig's
-signals_to_handle is AGENT_HANDLES, torch >= 2.9; `agent_handles()`). The handler raises the same SignalException, so the agent ends its workers as
-before, except while the agent is starting them: then the signal is sent again RETRY_S later, until
-every rank has started and is known to the agent.
+signals_to_handle is AGENT_HANDLES, torch >= 2.9; `agent_handles()`). The handler raises the same
+SignalException, so the agent ends its workers as before, except while the agent is starting them: then the
+signal is sent again RETRY_S later, until every rank has started and is known to the agent.
 """
 
 from __future__ import annotations

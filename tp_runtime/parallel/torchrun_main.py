@@ -7,7 +7,8 @@ The arguments are torchrun's own (torch.distributed.run), unchanged, after
 `--signals-to-handle=SIGHUP,SIGQUIT` (torch >= 2.9; a later one of the user's wins). SIGINT / SIGTERM end the
 job as under `tp-runtime run`: agent_signals.py raises torch's SignalException, held back while the agent
 starts its workers, and the agent ends them; the command prints one `error: interrupted (SIGINT)` line and
-exits 130 (143 for SIGTERM) rather than torch's traceback and exit status 1. The ranks end at once and say nothing (interrupt.quiet_rank_exit in each entry).
+exits 130 (143 for SIGTERM) rather than torch's traceback and exit status 1. The ranks end at once and say
+nothing (interrupt.quiet_rank_exit in each entry).
 """
 
 from __future__ import annotations
