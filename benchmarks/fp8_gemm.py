@@ -113,7 +113,7 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
             t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: grouped_linear(x, w, groups) for w in bfs])
             t["bf16_einsum"] = _graph_ms([lambda w=w, x=x: _einsum(x, w, groups) for w in bfs])
         nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
-        r = {"N": n, "K": k, "M": m, "path": fp8_path(m, n, k, groups, x), "splits": tile_config(m, n, k, n_sm).splits}
+        r = {"N": n, "K": k, "M": m, "path": fp8_path(m, x), "splits": tile_config(m, n, k, n_sm).splits}
         for v, ms in t.items():
             r[f"{v}_us"] = ms * 1e3
             r[f"{v}_share"] = nbytes[v.split("_")[0]] / (ms * 1e-3) / bw

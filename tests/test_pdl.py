@@ -15,8 +15,8 @@ import torch
 
 from conftest import TINY, TINY_PATH, run_cli
 from tp_runtime.config import ConfigError, load_config
-from tp_runtime.ops import (add_rms_norm, compressor_pool, gemv, indexer_topk, linear, rms_norm, rms_norm_pair, rope,
-                             sparse_attention, step_index)
+from tp_runtime.ops import (add_rms_norm, compressor_pool, fp8_gemm, gemv, indexer_topk, linear, rms_norm,
+                            rms_norm_pair, rope, sparse_attention, step_index)
 from tp_runtime.ops.kernel_support import pdl_unavailable, resolve_pdl
 
 OPS = Path(__file__).resolve().parents[1] / "tp_runtime" / "ops"
@@ -95,8 +95,8 @@ def test_every_triton_launch_takes_part(path):
 
 
 WRAPPERS = [rms_norm.rms_norm, rope.prepare_heads, compressor_pool.compress_pool, indexer_topk.indexer_topk,
-            sparse_attention.sparse_attention_sink, linear.linear_triton, linear.fp8_linear, linear.linear_scaled_mm,
-            linear.quantize_rows, step_index.step_index, add_rms_norm.add_rms_norm, rms_norm_pair.rms_norm_pair,
+            sparse_attention.sparse_attention_sink, linear.linear_triton, linear.fp8_linear, fp8_gemm.fp8_gemm,
+            fp8_gemm.quantize_x, step_index.step_index, add_rms_norm.add_rms_norm, rms_norm_pair.rms_norm_pair,
             gemv.gemv]
 
 

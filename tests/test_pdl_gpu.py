@@ -30,8 +30,8 @@ from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, ro
 from tp_runtime.ops.compressor_pool import compress_pool
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.kernel_support import pdl_unavailable
-from tp_runtime.ops.linear import blockwise_scaled_mm_available, linear_scaled_mm, linear_triton
-from tp_runtime.ops.linear import quantize_rows as quantize_x
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, quantize_x
+from tp_runtime.ops.linear import blockwise_scaled_mm_available, linear_triton
 from tp_runtime.ops.rms_norm import rms_norm
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
@@ -244,13 +244,17 @@ def test_linear_triton(M, n, k, groups):
     check_on_off(inputs, lambda x, pdl: [linear_triton(x[0], qw, scale, groups, pdl=pdl)])
 
 
-def test_quantize_rows_and_scaled_mm():
+def test_fp8_gemm_family():
     g = torch.Generator(device=DEV).manual_seed(5)
     x = [_randn(g, 64, FLASH.hidden_size, scale=4.0)]
     check_on_off(x, lambda x, pdl: list(quantize_x(x[0], pdl)))
+    qw, scale = _fp8_weight(FLASH.q_lora_rank + D, FLASH.hidden_size, g)
+    for quant_x in (True, False):  # rounding in the prologue, or one quantize launch first; split K
+        c = Fp8GemmConfig("triton", 64, 128, 4, 4, 3, quant_x)
+        check_on_off(x, lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])
     if blockwise_scaled_mm_available(DEV):  # quantize (Triton, PDL) then cuBLASLt (no PDL)
-        qw, scale = _fp8_weight(FLASH.q_lora_rank + D, FLASH.hidden_size, g)
-        check_on_off(x, lambda x, pdl: [linear_scaled_mm(x[0], qw, scale, pdl=pdl)])
+        c = Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False)
+        check_on_off(x, lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])
 
 
 # ------------------------------------------------------------------ PDL edges survive capture

@@ -11,7 +11,7 @@ Two kernels, picked per shape by `gemv_config` (any M runs; the table is set for
   K loop (a tensor-core tile would be 15/16 padding). Rows past the first are further programs.
 - "dot" (M > 1): tl.dot with the weight tile as the MMA's wide side (BLOCK_N rows) and x^T the narrow one
   (BLOCK_M >= 16 columns: "swap AB"), as ops/linear.py's tile kernel.
-Split-K as in ops/linear.py, whose helpers these are (`k_splits`, `tile_counters`, `_store_or_sum`): programs
+Split-K as in ops/linear.py, whose helpers these are (`k_splits`, `tile_counters`, `store_or_sum`): programs
 over K write fp32 partials, the last program of a tile (an atomic counter) sums them in split order
 (deterministic), casts, stores and resets its counter: one launch a GEMM, capturable (sizes fixed per
 shape, no host reads; counters made at the eager warm-up).
@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, sm_count, tl, triton
-from tp_runtime.ops.linear import _rows, _store_or_sum, k_splits, tile_counters
+from tp_runtime.ops.linear import k_splits, rows_of, store_or_sum, tile_counters
 
 # Where the Triton GEMV replaces cuBLAS: (N, K) -> the largest M up to which it was faster inside a CUDA
 # graph (benchmarks/gemv_bf16.py prints these tables from its measurements); NORM: with the norm prologue,
@@ -97,7 +97,7 @@ def _finish(acc, ss, y_ptr, part_ptr, ss_ptr, cnt_ptr, rm, rn, M, N, K, eps, spl
     offs = rm[:, None] * N + rn[None, :]
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     if not NORM:
-        _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, M * N, SPLITS)
+        store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, M * N, SPLITS)
     elif SPLITS == 1:
         tl.store(y_ptr + offs, (acc * tl.rsqrt(ss / K + eps)[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
     else:
@@ -198,7 +198,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None
     per-device buffer, serves one stream: GEMMs of one stream run in turn). pdl: programmatic dependent launch.
     """
     _check(x, weight, norm_weight)
-    x = _rows(x)
+    x = rows_of(x)
     m, k, n = x.shape[0], x.shape[1], weight.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:

@@ -7,22 +7,19 @@ grouped bf16 GEMM of wo_a; the torch path beside them.
     y      [M, N]   in x's dtype; grouped: output columns [g*N/groups, (g+1)*N/groups) read x's columns
                     [g*K, (g+1)*K)
 
-`fp8_linear` is the one place an FP8 GEMM's path is chosen (`fp8_path`), from M, the grouping and the
-device (measured on an H200, benchmarks/fp8_gemm.py):
+`fp8_linear` computes these GEMMs on x as given (bf16 products of x and the widened weight, exactly the
+dequantize-then-matmul result up to fp32 summation order), by M (measured on an H200, benchmarks/fp8_gemm.py):
 
-- "gemv" (M = 1, CUDA): a Triton GEMV, fp32 products on CUDA cores (a tensor-core tile would be 15/16
-  padding); x times the block scales (powers of two: exact), the FP8 values only widened.
-- "tile" (every other M > 1 by default): a Triton tl.dot kernel with bf16 activations, the weight tile widened in registers and its block's scale
-  applied to the tile's fp32 product. The weight is the MMA's 64-row side and x the narrow one ("swap
-  AB"), so M = 2..16 pads to 16 columns, not 64 rows.
-- "scaled_mm" (only where the caller lets x be rounded, runtime.fp8_activations=e4m3: M > 32, not grouped,
-  SM90 with cuBLASLt >= 12.9): `torch._scaled_mm` with DeepSeek's recipe: x quantized to e4m3 per 1 x 128
-  block with power-of-two scales (one Triton launch), the weight's 128 x 128 scales as fp32. 1.2-3x faster
-  than the tile kernel from M = 64 (H200), but it rounds the activations, as the released inference code
-  does for all its FP8 GEMMs: each output differs from dequantize-then-matmul by about 2.7 % (relative
-  norm), where the Triton kernels differ by accumulation order only; `check` over Flash layers moved from
-  5.9e-3 to 4.3e-2, past the bf16 tolerance, so exact activations stay the default.
+- "gemv" (M = 1, CUDA): a Triton GEMV, fp32 products on CUDA cores; x times the block scales (powers of two:
+  exact), the FP8 values only widened.
+- "tile" (M > 1): a Triton tl.dot kernel with bf16 activations, the weight tile widened in registers and its
+  block's scale applied to the tile's fp32 product. The weight is the MMA's 64-row side and x the narrow one
+  ("swap AB"), so M = 2..16 pads to 16 columns, not 64 rows.
 - "torch" (no CUDA or no Triton): dequantize, then plain matmuls: the semantics, and the CPU tests' path.
+
+The released model instead rounds x to e4m3 per 1 x 128 block and multiplies on FP8 tensor cores
+(runtime.fp8_activations=e4m3): that family is ops/fp8_gemm.py; which of the two a GEMM takes is the kernel
+backend's choice (ops/select.py), made once per run.
 
 At decode sizes a matrix has too few output tiles to fill the GPU with long serial K loops, so both Triton
 kernels split K over programs that write fp32 partials [S, M, N]; the last program of a tile to finish
@@ -35,9 +32,8 @@ GEMM over views of x and of y, without copies.
 
 PDL (ops/kernel_support.py; `pdl=True`): the GEMV and tile kernels wait before their first load (x is the
 previous kernel's output; the split-K counters are reset by the previous GEMM) and trigger after their
-K loop, the last load of x and of the weight, before the partials are written and summed; the quantize
-kernel waits before x and triggers after it. cuBLAS (`grouped_linear`, `torch._scaled_mm`) takes no part:
-it launches without the attribute and its successor starts after it as usual.
+K loop, the last load of x and of the weight, before the partials are written and summed. cuBLAS
+(`grouped_linear`) takes no part: it launches without the attribute and its successor starts after it as usual.
 """
 
 from __future__ import annotations
@@ -81,34 +77,21 @@ def fp8_linear_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, gro
     return torch.nn.functional.linear(x, w) if groups == 1 else grouped_linear(x, w, groups)
 
 
-SCALED_MM_MIN_M = 33  # rows from which cuBLASLt's block-scaled FP8 GEMM beat the tile kernel (H200, Flash shapes)
-
-
-def fp8_path(m: int, n: int, k: int, groups: int, x: torch.Tensor, round_x: bool = False) -> str:
-    """The path an FP8 GEMM of M rows takes on x's device: "torch" | "gemv" | "tile" | "scaled_mm" (only
-    where x may be rounded to e4m3: round_x)."""
+def fp8_path(m: int, x: torch.Tensor) -> str:
+    """The path an FP8 GEMM of M rows on x as given takes on x's device: "torch" | "gemv" | "tile"."""
     if not (x.is_cuda and triton is not None):
         return "torch"
-    if m == 1:
-        return "gemv"
-    if (round_x and m >= SCALED_MM_MIN_M and groups == 1 and x.dtype == torch.bfloat16 and k % BLOCK == 0 and n % 16 == 0
-            and blockwise_scaled_mm_available(x.device)):
-        return "scaled_mm"
-    return "tile"
+    return "gemv" if m == 1 else "tile"
 
 
 def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-               round_x: bool = False, pdl: bool = False) -> torch.Tensor:
+               pdl: bool = False) -> torch.Tensor:
     """x [M, groups*K] @ dequantized qw [groups*N, K]^T, group by group -> [M, groups*N] (groups = 1: a plain
-    linear; wo_a of DSV4: group g's output columns read x's columns of group g). round_x: above 32 rows x
-    may be rounded to e4m3 for the block-scaled cuBLASLt GEMM (runtime.fp8_activations=e4m3). pdl: the Triton
+    linear; wo_a of DSV4: group g's output columns read x's columns of group g), x as given. pdl: the Triton
     launches with programmatic dependent launch (resolve_pdl; bitwise the same output)."""
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    path = fp8_path(m, qw.shape[0], qw.shape[1], groups, x, round_x)
-    if path == "torch":
+    if fp8_path(m, x) == "torch":
         return fp8_linear_torch(x, qw, scale, groups)
-    if path == "scaled_mm":
-        return linear_scaled_mm(x, qw, scale, pdl=pdl)
     return linear_triton(x, qw, scale, groups, pdl=pdl)
 
 
@@ -165,7 +148,7 @@ def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, g
                          f"fit (FP8: one e8m0 scale per 128 x 128 block; bf16: the weight in x's dtype)")
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
+def rows_of(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] as [M, K] with a contiguous last dim."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -176,7 +159,7 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
     """The Triton kernels for W in FP8 with block scales (scale given) or in x's dtype (scale None);
     config: one to use instead of `tile_config`'s (benchmarks); pdl: launched with programmatic dependent
     launch (resolve_pdl; bitwise the same output)."""
-    x2 = _rows(x)
+    x2 = rows_of(x)
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
     group_n = n // groups
@@ -218,33 +201,6 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
             raise RuntimeError("linear: split-K counters must exist before CUDA-graph capture (warm up first)")
         buf = _COUNTERS[device] = torch.zeros(max(tiles, 1 << 14), dtype=torch.int32, device=device)
     return buf
-
-
-def linear_scaled_mm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x [M, K] bf16 @ dequantized qw [N, K]^T via cuBLASLt's block-scaled FP8 GEMM: x rounded to e4m3 per
-    1 x 128 block (power-of-two scales), then `torch._scaled_mm` with fp32 block scales. pdl: the quantize
-    launch with programmatic dependent launch (cuBLAS takes no part)."""
-    x2 = _rows(x)
-    _check_fits(x2, qw, scale, 1, x)
-    xq, xs = quantize_rows(x2, pdl)
-    y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
-    return y[:x2.shape[0]].view(*x.shape[:-1], qw.shape[0])
-
-
-SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
-
-
-def quantize_rows(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 [Mp, K], fp32 scales [Mp, K/128] with strides (1, Mp), the layout _scaled_mm takes),
-    Mp = M rounded up to SCALED_MM_ROWS (padding rows zero): per 1 x 128 block the smallest power of two s
-    with max|x| / s <= 448; one launch (pdl: with programmatic dependent launch)."""
-    m, k = x.shape
-    mp = triton.cdiv(m, SCALED_MM_ROWS) * SCALED_MM_ROWS
-    q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(triton.cdiv(k, BLOCK), mp, dtype=torch.float32, device=x.device)
-    _quantize_rows_kernel[(mp // 16, triton.cdiv(k, BLOCK))](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, PDL=pdl,
-                                                             num_warps=4, launch_pdl=pdl)
-    return q, s.t()
 
 
 _WEIGHT_SCALES: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
@@ -296,7 +252,7 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
-    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
+    store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
                   m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
 
 
@@ -324,11 +280,11 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
                     other=0.0).to(tl.float32)
         acc += w * x[None, :]
     pdl_trigger(PDL)
-    _store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
+    store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
 
 
 @jit
-def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, PLANE, SPLITS):
+def store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, PLANE, SPLITS):
     # One split: store the tile. Several: write this split's fp32 partial (through to L2), then count the
     # tile's finished splits; the last one sums all partials in split order, stores y and resets the count.
     if SPLITS == 1:
@@ -342,22 +298,3 @@ def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, offs, mask, split, PLANE, SPLIT
                 tot += tl.load(part_ptr + s * PLANE + offs, mask=mask, other=0.0, cache_modifier=".cv")
             tl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr, 0)
-
-
-@jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
-    # Rows [BLOCK_R] x columns of 128-block kb: q = x / s in e4m3 (clamped to +-448 against a log2 rounded
-    # low), s = 2^ceil(log2(max|x| / 448)) stored at s[kb, row] (the transposed layout _scaled_mm reads);
-    # rows M .. M_PAD - 1 read as zeros.
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    kb = tl.program_id(1)
-    c = kb * 128 + tl.arange(0, 128)
-    ok = (r < M_PAD)[:, None] & (c < K)[None, :]
-    pdl_wait(PDL)
-    x = tl.load(x_ptr + r[:, None] * stride_xm + c[None, :], mask=ok & (r < M)[:, None], other=0.0).to(tl.float32)
-    pdl_trigger(PDL)
-    amax = tl.max(tl.abs(x), axis=1)
-    sc = tl.exp2(tl.ceil(tl.log2(tl.maximum(amax, 1e-30) / 448.0)))
-    q = tl.minimum(tl.maximum(x / sc[:, None], -448.0), 448.0)
-    tl.store(q_ptr + r[:, None] * K + c[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(s_ptr + kb * M_PAD + r, sc, mask=r < M_PAD)

@@ -79,7 +79,8 @@ class KernelBackend(Protocol):
 
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
                    round_x: bool = False) -> torch.Tensor:
-        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]."""
+        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]; round_x: x rounded
+        to e4m3 per 1 x 128 block first, as the released model does (ops/fp8_gemm.py), else taken as given."""
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],

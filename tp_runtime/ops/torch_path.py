@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows
-from tp_runtime.ops.linear import fp8_linear
+from tp_runtime.ops.fp8_gemm import fp8_gemm_torch
+from tp_runtime.ops.linear import fp8_linear_torch
 
 if TYPE_CHECKING:  # ops take plain tensors and index tuples; nothing of the model is imported at run time
     from tp_runtime.model.cache import RingState
@@ -316,8 +317,9 @@ class TorchBackend:
     @staticmethod
     def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
                    round_x: bool = False) -> torch.Tensor:
-        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T by ops.linear's path for the device and shape."""
-        return fp8_linear(x, qw, scale, groups, round_x)
+        """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T; round_x: x rounded to e4m3 per 1 x 128 block first
+        (the released model's GEMM, ops/fp8_gemm.py), else as given. Never a Triton launch."""
+        return fp8_gemm_torch(x, qw, scale, groups) if round_x else fp8_linear_torch(x, qw, scale, groups)
 
     @staticmethod
     def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
     indexer_topk      ops/indexer_topk.py      scores, then radix-select top-K (two launches)
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
-    fp8_linear        ops/linear.py            FP8 weight GEMMs (path by device and shape)
+    fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
+                                               ops/fp8_gemm_table.py); x as given: ops/linear.py
     linear            ops/gemv.py              bf16 weight GEMMs (optionally behind an RMSNorm of x): the Triton
                                                GEMV where it beat cuBLAS, else cuBLAS
     add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
@@ -21,7 +22,7 @@ until a method is called.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -31,6 +32,9 @@ from tp_runtime.ops.cache_fp8 import row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.gemv import gemv, use_triton_gemv
+from tp_runtime.ops.fp8_gemm import fp8_gemm
+from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
+from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import fp8_linear
 from tp_runtime.ops.rms_norm import rms_norm
 from tp_runtime.ops.rms_norm_pair import rms_norm_pair
@@ -45,10 +49,12 @@ if TYPE_CHECKING:  # index tuples are duck-typed at run time: ops import nothing
 
 @dataclass(frozen=True)
 class TritonBackend:
-    """pdl: launch each kernel with programmatic dependent launch (resolved once, `ops/select.py`)."""
+    """pdl: launch each kernel with programmatic dependent launch (resolved once, `ops/select.py`);
+    fp8_table: the FP8 GEMMs' launches by shape and M, read once when the backend is built."""
 
     name: ClassVar[str] = "triton"
     pdl: bool = False
+    fp8_table: Fp8GemmTable = field(default_factory=Fp8GemmTable.load, compare=False, repr=False)
 
     def _kw(self) -> dict:
         """The launch options every kernel wrapper below receives, in this one place: {"pdl": True} with
@@ -122,7 +128,11 @@ class TritonBackend:
 
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
                    round_x: bool = False) -> torch.Tensor:
-        return fp8_linear(x, qw, scale, groups, round_x, **self._kw())
+        if not round_x:
+            return fp8_linear(x, qw, scale, groups, **self._kw())
+        m = x.numel() // x.shape[-1]
+        c = self.fp8_table.config(m, qw.shape[0], qw.shape[1], groups, x, sm_count(x.device))
+        return fp8_gemm(x, qw, scale, groups, c, **self._kw())
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],

@@ -53,10 +53,12 @@ TOLERANCES = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 3e-2}
 FP8_CACHE_TOLERANCES = {"float64": 1e-2, "float32": 1e-2, "bfloat16": 3e-2}
 
 
-# With FP8 GEMMs rounding their activations (runtime.fp8_activations=e4m3), against the oracle that does not:
-# e4m3 keeps 3 mantissa bits, 2^-4 relative per element at most, about 2.7 % per GEMM output; five chained
-# GEMMs a layer on the residual stream gave 4.3e-2 over Flash layers 2-5 (H200), so 1e-1, while a wrong
-# scale (a factor of 2) or layout still moves outputs by more.
+# With FP8 GEMMs rounding their activations to e4m3 (runtime.fp8_activations=e4m3), against the oracle that
+# rounds the same inputs the same way (reference.py `_act_round`): the run rounds bf16 values and the oracle
+# float64 ones, so an element within that difference of an e4m3 midpoint goes the other way, one e4m3 step
+# (2^-3 of its value); with bf16's 2^-8 relative error that is a few percent of the elements of each GEMM input,
+# moving a GEMM output by about 1 % (relative norm), five GEMM inputs a layer. 1e-1 bounds that, while a wrong
+# activation scale (a factor of 2) or a block misplaced still moves the outputs by more.
 ROUNDED_X_TOLERANCE = 1e-1
 
 
@@ -119,7 +121,8 @@ def reference_outputs(cfg: RunConfig, requests: list[int], cache_format: str | N
     # The oracle sees the run's weights exactly (already rounded to the run's dtype, or FP8 weights
     # dequantized: exact), in float64. With FP8 weights the Triton GEMMs differ from it only by accumulation
     # order (fp32 sums per 128-column block) on top of bf16 activations: the bf16 tolerance holds. With
-    # runtime.fp8_activations=e4m3 GEMMs of more than 32 rows also round x (ROUNDED_X_TOLERANCE).
+    # runtime.fp8_activations=e4m3 the oracle rounds the FP8 GEMMs' inputs as the run does (ROUNDED_X_TOLERANCE).
+    round_x = uses_fp8_weights(cfg, device) and cfg.runtime.fp8_activations == "e4m3"
     w = {k: v.double() for k, v in full_tensors(stack).items()}
     del stack
     workload = build_workload(cfg)
@@ -128,7 +131,7 @@ def reference_outputs(cfg: RunConfig, requests: list[int], cache_format: str | N
         for r in workload.requests:
             if r.id in requests:
                 x = workload.request_inputs(r, device, dtype).double()
-                out[r.id] = reference_stack(x, w, cfg.model, cache_format or cfg.runtime.cache_format).cpu()
+                out[r.id] = reference_stack(x, w, cfg.model, cache_format or cfg.runtime.cache_format, round_x).cpu()
     return out
 
 

@@ -66,6 +66,17 @@ def _e4m3_round(x: torch.Tensor, block: int) -> torch.Tensor:
     return (q * s).reshape(x.shape)
 
 
+def _act_round(x: torch.Tensor, on: bool) -> torch.Tensor:
+    """An FP8 GEMM's input as the released model rounds it (on): per 1 x 128 block s = 2^ceil(log2(max(amax,
+    1e-4) / 448)), x / s to the nearest e4m3 value, times s (DeepSeek's act_quant with power-of-two scales)."""
+    if not on:
+        return x
+    n = x.shape[-1]
+    b = torch.nn.functional.pad(x, (0, -n % 128)).unflatten(-1, (-1, 128))  # a last, partial block: zero-padded
+    s = torch.exp2(torch.ceil(torch.log2(b.abs().amax(-1, keepdim=True).clamp_min(1e-4) / 448.0)))
+    return ((b / s).to(torch.float8_e4m3fn).to(x.dtype) * s).flatten(-2)[..., :n]
+
+
 def _stored_row(x: torch.Tensor, dr: int, fp8: bool) -> torch.Tensor:
     """An attention row [..., D] as the cache gives it back: nope dims e4m3 per 64, rope dims bf16."""
     if not fp8:
@@ -98,12 +109,13 @@ def _compress(x: torch.Tensor, w: Weights, p: str, r: int, dim: int, eps: float,
     return _rope(e, torch.arange(len(e), device=x.device) * r, freqs)
 
 
-def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool = False) -> torch.Tensor:
+def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool = False,
+                  round_x: bool = False) -> torch.Tensor:
     """[L, L // 4] bool: the top-K valid compressed entries of each token (ties: lower index)."""
     L, Ih, Id = len(x), cfg.index_n_heads, cfg.index_head_dim
     pos = torch.arange(L, device=x.device)
     keys = _stored_key(_compress(x, w, a + "indexer.compressor.", 4, Id, cfg.rms_norm_eps, freqs), fp8)
-    q = _rope((qr @ w[a + "indexer.wq_b.weight"].T).view(L, Ih, Id), pos, freqs)
+    q = _rope((_act_round(qr, round_x) @ w[a + "indexer.wq_b.weight"].T).view(L, Ih, Id), pos, freqs)
     hw = x @ w[a + "indexer.weights_proj.weight"].T  # [L, Ih]
     score = torch.einsum("th,ths->ts", hw, torch.relu(torch.einsum("thd,sd->ths", q, keys))) / math.sqrt(Id * Ih)
     valid = torch.arange(len(keys), device=x.device)[None] < ((pos + 1) // 4)[:, None]
@@ -115,23 +127,25 @@ def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool 
 
 
 def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: int,
-                        cache_format: str = "bf16") -> torch.Tensor:
+                        cache_format: str = "bf16", round_x: bool = False) -> torch.Tensor:
     """One layer on a whole sequence: x [L, hidden] (already attn_norm'ed) -> [L, hidden]. cache_format
-    "fp8": cached rows and keys rounded as the FP8 caches store them."""
+    "fp8": cached rows and keys rounded as the FP8 caches store them; round_x: the inputs of the FP8 GEMMs
+    (wq_a, wkv, wq_b, indexer.wq_b, wo_a, wo_b) rounded to e4m3 as the released model's GEMMs round them."""
     fp8, dr = cache_format == "fp8", cfg.qk_rope_head_dim
     a, r, eps = f"layers.{layer}.attn.", cfg.compress_ratios[layer], cfg.rms_norm_eps
     L, H, D, G = len(x), cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
     pos = torch.arange(L, device=x.device)
     freqs = _frequencies(cfg, compressed=r > 0)
-    qr = _rms(x @ w[a + "wq_a.weight"].T, w[a + "q_norm.weight"], eps)
-    kv = _stored_row(_rope(_rms(x @ w[a + "wkv.weight"].T, w[a + "kv_norm.weight"], eps), pos, freqs), dr, fp8)
-    q = _rope(_rms((qr @ w[a + "wq_b.weight"].T).view(L, H, D), None, eps), pos, freqs)
+    xr = _act_round(x, round_x)
+    qr = _rms(xr @ w[a + "wq_a.weight"].T, w[a + "q_norm.weight"], eps)
+    kv = _stored_row(_rope(_rms(xr @ w[a + "wkv.weight"].T, w[a + "kv_norm.weight"], eps), pos, freqs), dr, fp8)
+    q = _rope(_rms((_act_round(qr, round_x) @ w[a + "wq_b.weight"].T).view(L, H, D), None, eps), pos, freqs)
     keys = kv
     mask = (pos[None] <= pos[:, None]) & (pos[None] > pos[:, None] - cfg.sliding_window)  # window [L, L]
     if r:
         entries = _stored_row(_compress(x, w, a + "compressor.", r, D, eps, freqs), dr, fp8)
         if r == 4:
-            cmask = _indexer_mask(x, qr, w, a, cfg, freqs, fp8)
+            cmask = _indexer_mask(x, qr, w, a, cfg, freqs, fp8, round_x)
         else:
             cmask = torch.arange(len(entries), device=x.device)[None] < ((pos + 1) // r)[:, None]
         keys, mask = torch.cat((kv, entries)), torch.cat((mask, cmask), dim=1)
@@ -141,14 +155,16 @@ def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: in
     probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]  # sink: denominator only
     o = _rope(torch.einsum("ths,sd->thd", probs, keys), pos, freqs, sign=-1.0)
     wo_a = w[a + "wo_a.weight"].view(G, cfg.o_lora_rank, -1)
-    z = torch.einsum("tgd,grd->tgr", o.reshape(L, G, -1), wo_a).reshape(L, -1)
-    return z @ w[a + "wo_b.weight"].T
+    z = torch.einsum("tgd,grd->tgr", _act_round(o.reshape(L, -1), round_x).view(L, G, -1), wo_a).reshape(L, -1)
+    return _act_round(z, round_x) @ w[a + "wo_b.weight"].T
 
 
-def reference_stack(x: torch.Tensor, w: Weights, cfg: ModelConfig, cache_format: str = "bf16") -> torch.Tensor:
-    """The selected layers with pre-norm and residual: inputs [L, hidden] -> final hidden [L, hidden]."""
+def reference_stack(x: torch.Tensor, w: Weights, cfg: ModelConfig, cache_format: str = "bf16",
+                    round_x: bool = False) -> torch.Tensor:
+    """The selected layers with pre-norm and residual: inputs [L, hidden] -> final hidden [L, hidden]
+    (round_x: reference_attention's)."""
     h = x
     for i in cfg.layer_ids():
         h = h + reference_attention(_rms(h, w[f"layers.{i}.attn_norm.weight"], cfg.rms_norm_eps), w, cfg, i,
-                                    cache_format)
+                                    cache_format, round_x)
     return h

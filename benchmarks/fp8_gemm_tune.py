@@ -1,0 +1,190 @@
+"""Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
+Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
+sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, cuBLASLt's block-scaled
+GEMM) and writes the fastest into the table the Triton backend reads.
+
+    python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
+
+Each launch is timed as a CUDA graph of one call per copy of the weight, enough copies to exceed the L2 several
+times (every call streams its weight from HBM, as in a step; the host's launch cost is out of the number): the
+median over replays (CUDA events) / copies. Beside the table's choice each record holds the time of the GEMM on
+x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
+read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
+The winner of each (shape, bucket) is checked against the torch twin. Writes DIR/fp8_gemm_table.json (copy it
+to tp_runtime/ops/) and DIR/fp8_gemm_tune.jsonl (every timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tp_runtime.config import load_config
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
+from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, shape_key
+from tp_runtime.ops.kernel_support import sm_count
+from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, linear_triton
+from tp_runtime.weights.fp8 import quantize_fp8
+
+ROOT = Path(__file__).resolve().parents[1]
+L2_BYTES = 50 << 20
+TOL = 4e-3  # the same exact products summed in another fp32 order, each output rounded to bf16 (2^-9)
+
+
+def weight_shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
+    """weight -> (N, K, groups) of each FP8 GEMM one rank runs (wo_a: one grouped GEMM of G/tp groups)."""
+    m = load_config(ROOT / "configs" / f"{model}.yaml").model
+    H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
+    return {"wq_a+wkv": (Rq + D, hid, 1), "wq_b": (H * D // tp, Rq, 1), "wo_a": (G * Ro // tp, H * D // G, G // tp),
+            "wo_b": (hid, G * Ro // tp, 1), "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
+
+
+def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
+    """The launches tried at M = bucket."""
+    kb, out = k // 128, []
+    for bm in ([max(16, bucket)] if bucket <= 128 else [64, 128]):
+        for bn in (64, 128):
+            if (n // groups) % bn:
+                continue
+            tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
+            base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
+            splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
+            for warps in ((4,) if bm <= 32 else (4, 8)):
+                for stages in ((4, 6) if bm <= 32 else (3, 4)):
+                    for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 64 else (False,)):
+                        out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
+    if cublas and groups == 1 and bucket >= 8:
+        out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
+    return out
+
+
+def graph_ms(calls: list, reps: int = 10) -> float:
+    """Per-call ms of `calls` captured back to back in one CUDA graph: median of `reps` replays."""
+    for c in calls:  # compiles, and makes what a capture may not (split-K counters, cuBLASLt's scales)
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    return statistics.median(times) / len(calls)
+
+
+def read_bandwidth() -> float:
+    x = torch.ones(2**28, device="cuda")  # 1 GiB fp32
+    x.sum()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(10):
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return x.numel() * 4 / (statistics.median(ts) * 1e-3)
+
+
+def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[int, dict]:
+    """Best launch per M bucket for one weight shape, with its reference times."""
+    fp8_bytes = n * k + math.ceil(n / 128) * math.ceil(k / 128)
+    copies = max(2, math.ceil(4 * L2_BYTES / fp8_bytes))
+    g = torch.Generator(device="cuda").manual_seed(n + 7 * k)
+    # weights whose 128 x 128 scales span orders of magnitude, as trained weights' blocks do
+    w = torch.randn(n, k, device="cuda", generator=g) * torch.logspace(-2, 1, n, device="cuda")[:, None] / k ** 0.5
+    q, s = quantize_fp8(w)
+    qs = [(q.clone(), s.clone()) for _ in range(copies)]
+    bcopies = max(2, math.ceil(4 * L2_BYTES / (2 * n * k)))
+    wb = [w.to(torch.bfloat16) for _ in range(bcopies)]
+    del w
+    cublas = blockwise_scaled_mm_available(q.device)
+    best = {}
+    for bucket in M_BUCKETS:
+        x = torch.randn(bucket, groups * k, device="cuda", generator=g).to(torch.bfloat16)
+        timed = []
+        for c in candidates(bucket, n, k, groups, n_sm, cublas):
+            try:
+                ms = graph_ms([lambda i=i, c=c: fp8_gemm(x, qs[i][0], qs[i][1], groups, c) for i in range(copies)])
+            except Exception as e:  # noqa: BLE001 (a launch that does not fit this GPU: out of shared memory, ...)
+                log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "error": str(e)[:200]})
+                continue
+            timed.append((ms, c))
+            log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "ms": ms})
+        ms, c = min(timed, key=lambda t: t[0])
+        exact = graph_ms([lambda i=i: linear_triton(x, qs[i][0], qs[i][1], groups) for i in range(copies)])
+        if groups == 1:
+            bf16 = graph_ms([lambda i=i: torch.nn.functional.linear(x, wb[i]) for i in range(bcopies)])
+        else:
+            bf16 = graph_ms([lambda i=i: grouped_linear(x, wb[i], groups) for i in range(bcopies)])
+        y = fp8_gemm(x, q, s, groups, c)
+        ref = fp8_gemm_torch(x, q, s, groups).float()
+        err = float((y.float() - ref).norm() / ref.norm())
+        best[bucket] = {"config": c._asdict(), "ms": ms, "bw_share": fp8_bytes / (ms * 1e-3) / bw,
+                        "exact_ms": exact, "bf16_cublas_ms": bf16, "bf16_bw_share": 2 * n * k / (bf16 * 1e-3) / bw,
+                        "err_vs_twin": err, "ok": err < TOL, "candidates": len(timed)}
+        print(f"  N={n:6d} K={k:5d} g={groups:2d} M={bucket:4d}  {ms * 1e3:8.1f} us ({best[bucket]['bw_share']:.0%})"
+              f"  exact {exact * 1e3:8.1f}  bf16 {bf16 * 1e3:8.1f} ({best[bucket]['bf16_bw_share']:.0%})  "
+              f"{c.kernel} bm{c.block_m} bn{c.block_n} s{c.splits} w{c.num_warps} st{c.num_stages} "
+              f"q{int(c.quant_x)}  err {err:.1e}", flush=True)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["v4_flash", "v4_pro"])
+    ap.add_argument("--tp", nargs="+", type=int, default=[1, 8, 2, 4])
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this long")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    n_sm, bw, t0 = sm_count(torch.device("cuda")), read_bandwidth(), time.time()
+    print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs", flush=True)
+    shapes: dict[str, tuple[int, int, int]] = {}
+    for tp in a.tp:
+        for model in a.models:
+            for name, shp in weight_shapes(model, tp).items():
+                shapes.setdefault(shape_key(*shp), shp)
+    logf = open(a.out / "fp8_gemm_tune.jsonl", "w")
+    entries, measured = {}, {}
+    for key, (n, k, groups) in shapes.items():
+        if time.time() - t0 > a.budget_s:
+            print(f"budget spent: {key} and later shapes untuned", flush=True)
+            continue
+        best = tune_shape(n, k, groups, bw, n_sm, lambda r: logf.write(json.dumps(r) + "\n"))
+        entries[key] = {str(b): v["config"] for b, v in best.items()}
+        measured[key] = best
+    logf.close()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    import triton
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(), "commit": commit.stdout.strip(),
+            "command": " ".join(["python -m benchmarks.fp8_gemm_tune"] + (argv or sys.argv[1:])),
+            "read_bandwidth_TBps": bw / 1e12, "date": time.strftime("%Y-%m-%d")}
+    (a.out / "fp8_gemm_table.json").write_text(json.dumps({"meta": meta, "entries": entries}, indent=1) + "\n")
+    (a.out / "fp8_gemm_measured.json").write_text(json.dumps({"meta": meta, "measured": measured}, indent=1) + "\n")
+    bad = [(k, b) for k, by in measured.items() for b, v in by.items() if not v["ok"]]
+    print(f"{len(entries)} shapes tuned in {time.time() - t0:.0f} s; {len(bad)} winners off their twin: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

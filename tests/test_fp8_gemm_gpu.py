@@ -1,0 +1,135 @@
+"""The FP8 GEMM family (ops/fp8_gemm.py) on a GPU: x rounded to e4m3 by the kernels bit for bit as the torch twin
+rounds it; every launch the tuning table holds, and the defaults, against the twin at every FP8 weight shape of
+Flash and Pro at tp 1 and 8 and M in {1, 3, 8, 33, 128, 256, 512}, with weight scales spanning orders of
+magnitude; split-K deterministic and the same in a CUDA graph; the backend's choice against the torch backend.
+
+Run on a GPU machine: `pytest -m gpu tests/test_fp8_gemm_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT
+from tp_runtime.config import load_config
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x, quantize_x_torch
+from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
+from tp_runtime.ops.linear import blockwise_scaled_mm_available
+from tp_runtime.ops.torch_path import TorchBackend
+from tp_runtime.ops.triton_path import TritonBackend
+from tp_runtime.weights.fp8 import quantize_fp8
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# Kernel and twin multiply the same e4m3 values (x rounded identically: test_quantize_*), whose products are exact
+# in fp32; they differ in the order of the fp32 sums (~1e-6 relative) and round each output to bf16 (at most 2^-9
+# relative, less in norm), so 4e-3 in norm; a wrong scale (a factor of 2 at least) or a missing block is >= 1e-1.
+TOL = 4e-3
+MS = [1, 3, 8, 33, 128, 256, 512]
+
+
+def fp8_shapes(name: str, tp: int) -> set[tuple[int, int, int]]:
+    """(N, K, groups) of every FP8 GEMM one rank runs: wq_a + wkv, wq_b, wo_a (grouped), wo_b, indexer.wq_b."""
+    m = load_config(ROOT / "configs" / f"{name}.yaml").model
+    H, D, G, Rq, Ro, hid = (m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank,
+                            m.hidden_size)
+    return {(Rq + D, hid, 1), (H * D // tp, Rq, 1), (G * Ro // tp, H * D // G, G // tp), (hid, G * Ro // tp, 1),
+            (m.index_n_heads * m.index_head_dim, Rq, 1)}
+
+
+SHAPES = sorted({s for name in ("v4_flash", "v4_pro") for tp in (1, 8) for s in fp8_shapes(name, tp)})
+
+
+def _weights(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+    w *= torch.logspace(-3, 3, -(-n // 128), device="cuda").repeat_interleave(128)[:n, None]  # scales over 6 decades
+    return quantize_fp8(w)
+
+
+def _err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref.float()).norm() / ref.float().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_x_kernel_rounds_as_the_twin(dtype):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(37, 1024, device="cuda", generator=g) * torch.logspace(-8, 4, 1024, device="cuda")
+    x[3] = 0  # all-zero blocks: the 1e-4 floor
+    x[5, :128] = 448.0 * 2.0 ** torch.arange(-4, 4, device="cuda").repeat(16)  # amax exactly 448 * 2^k
+    x[6, :128] = 452.0  # just above (exact in bf16): the next power of two
+    x = x.to(dtype)
+    q, s = quantize_x(x)
+    qt, st = quantize_x_torch(x)
+    assert torch.equal(s[:37], st)
+    assert torch.equal(q[:37].view(torch.uint8), qt.view(torch.uint8))
+    assert float(st[3, 0]) == 2.0 ** -22  # 1e-4 / 448 -> 2^ceil(-22.03)
+    assert float(st[6, 0]) == 2.0
+
+
+@pytest.mark.parametrize("n,k,groups", SHAPES)
+def test_table_and_default_launches_match_the_twin(n, k, groups):
+    q, s = _weights(n, k, n + k)
+    table, g = Fp8GemmTable.load(), torch.Generator(device="cuda").manual_seed(k)
+    for m in MS:
+        x = torch.randn(m, groups * k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = fp8_gemm_torch(x, q, s, groups)
+        for c in (table.config(m, n, k, groups, x, 132), default_config(m, n, k, 132)):
+            y = fp8_gemm(x, q, s, groups, c)
+            assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
+
+
+@pytest.mark.parametrize("quant_x", [True, False])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_every_launch_kind(quant_x, splits):
+    # Both x paths, uneven K splits, 64- and 128-row tiles, M tiles over 128 rows; K = 1000 ends inside a block.
+    for n, k, groups in [(4096, 1024, 1), (2048, 4096, 2), (256, 1000, 1)]:
+        q, s = _weights(n, k, splits)
+        for m in (1, 5, 64, 300):
+            x = torch.randn(m, groups * k, device="cuda").to(torch.bfloat16)
+            ref = fp8_gemm_torch(x, q, s, groups)
+            for bn in (64, 128):
+                c = Fp8GemmConfig("triton", min(128, max(16, 1 << (m - 1).bit_length())), bn, splits, 4, 3, quant_x)
+                assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not blockwise_scaled_mm_available(torch.device("cuda")),
+                    reason="cuBLASLt's block-scaled GEMM needs SM90 and CUDA >= 12.9")
+def test_scaled_mm_launch_matches_the_twin():
+    q, s = _weights(8192, 4096, 3)
+    for m in (1, 8, 33, 256):
+        x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+        y = fp8_gemm(x, q, s, 1, Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
+        assert y.shape == (m, 8192) and _err(y, fp8_gemm_torch(x, q, s)) < TOL
+
+
+def test_split_k_deterministic_and_in_a_cuda_graph():
+    q, s = _weights(1536, 4096, 4)
+    x = torch.randn(4, 4096, device="cuda").to(torch.bfloat16)
+    c = Fp8GemmConfig("triton", 16, 128, 8, 4, 4, True)
+    y0 = fp8_gemm(x, q, s, 1, c)
+    assert all(torch.equal(y0, fp8_gemm(x, q, s, 1, c)) for _ in range(5))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fp8_gemm(x, q, s, 1, c)
+    graph.replay()
+    assert torch.equal(y, y0)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(y, fp8_gemm(x, q, s, 1, c)) and not torch.equal(y, y0)
+
+
+def test_backends_agree_and_torch_launches_no_triton():
+    q, s = _weights(8192, 1024, 5)
+    x = torch.randn(16, 1024, device="cuda").to(torch.bfloat16)
+    yt = TritonBackend().fp8_linear(x, q, s, round_x=True)
+    yc = TorchBackend().fp8_linear(x, q, s, round_x=True)
+    assert _err(yt, yc) < TOL
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        TorchBackend().fp8_linear(x, q, s, round_x=True)
+        TorchBackend().fp8_linear(x, q, s)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert not [n for n in names if any(k in n for k in ("_fp8_gemm_kernel", "_quantize_x_kernel", "_tile_kernel",
+                                                          "_gemv_kernel"))], names
