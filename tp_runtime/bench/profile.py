@@ -61,7 +61,7 @@ def by_kernel(durations: list[tuple[str, float]], n_steps: int, top: int = TOP_K
 GROUP_MARKERS = (
     ("all-reduce", ("all_reduce",)),
     ("norms and rotary", ("rms_norm", "rope.py(")),
-    ("weight GEMMs", ("ops/linear.py(", "model/layers.py(")),
+    ("weight GEMMs", ("ops/linear.py(", "ops/fp8_gemm.py(", "model/layers.py(")),
     ("indexer", ("indexer_topk", "indexer.py(")),
     ("compressors", ("compressor.py(",)),
     ("attention", ("sparse_attention", "attention.py(")),
