@@ -33,7 +33,7 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x @ W^T for this rank's W [out, in]: `weight` in the run dtype, or (fp8) `qweight`
     float8_e4m3fn [out, in] with `scale`, one e8m0 byte per 128 x 128 block [ceil(out/128), ceil(in/128)].
-    round_x (FP8, set by the stack): GEMMs of more than 32 rows may round x to e4m3 (ops/linear.py).
+    round_x (FP8, set by the stack): the GEMM rounds x to e4m3 per 1 x 128 block first, as released (ops/fp8_gemm.py).
     FP8 weights multiply through the backend's fp8_linear; weights in the run dtype through its linear (cuBLAS, or
     the Triton GEMV at the shapes where it was measured faster: ops/gemv.py)."""
 

@@ -45,7 +45,7 @@ class AttentionStack(nn.Module):
                  round_x: bool = False, streams: int = 1):
         """backend: the kernels of every layer, chosen once (ops/select.py `select_backend`; default torch);
         fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8);
-        round_x: FP8 GEMMs of more than 32 rows round x to e4m3 (runtime.fp8_activations=e4m3);
+        round_x: FP8 GEMMs round x to e4m3 per 1 x 128 block (runtime.fp8_activations=e4m3, ops/fp8_gemm.py);
         fp8_cache: caches in the released FP8 layouts (runtime.cache_format=fp8; the layers follow the
         caches they are given); streams: 2 runs each compressed layer's compressor and indexer branch on a
         side stream, made here once and shared by the layers (CUDA only: elsewhere everything runs on one)."""
