@@ -25,10 +25,10 @@ from tp_runtime.config import ConfigError, load_config
 from tp_runtime.executor.plan import SeqChunk, StepPlan
 from tp_runtime.executor.shard import ModelShard
 from tp_runtime.model.batch import LiveBatch
-from tp_runtime.model.cache import ring_length
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.model.streams import INLINE, Inline
 from tp_runtime.ops import select, torch_path as tp
+from tp_runtime.ops.index import ring_length
 from tp_runtime.ops.select import KernelBackend, select_backend
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend

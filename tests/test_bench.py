@@ -24,11 +24,12 @@ from tp_runtime.bench.flops import prefill_flops, weight_params
 from tp_runtime.bench.measure import BreakTimer, ratio_stats
 from tp_runtime.bench.plots import write_plots
 from tp_runtime.bench.report import read_jsonl, split_records, write_jsonl
-from tp_runtime.bench.roofline import layer_cache_bytes, layer_weight_bytes, model_seconds, step_bytes
+from tp_runtime.bench.roofline import layer_cache_bytes, model_seconds, step_bytes
 from tp_runtime.bench.sweep import launch_plan
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.cli import main as cli_main
 from tp_runtime.config import ConfigError, load_config
+from tp_runtime.memory_model import layer_weight_bytes
 from tp_runtime.executor.worker import Worker
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process

@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, TINY_PATH, assert_refused, last_json, run_cli
-from tp_runtime.bench.roofline import workspace_bytes
 from tp_runtime.bench.sweep_config import load_sweep
 from tp_runtime.config import ConfigError, breakable_sizes, eager_steps_warning, load_config
 from tp_runtime.engine.entry import in_process
 from tp_runtime.executor.plan import SeqChunk, StepPlan
-from tp_runtime.executor.shard import buffer_capacity
+from tp_runtime.executor.shard import ModelShard
 from tp_runtime.executor.step_graphs import StepGraphs
-from tp_runtime.memory_fit import rank_memory
+from tp_runtime.memory_model import buffer_capacity, rank_memory, workspace_bytes
+from tp_runtime.parallel.group import single_process
 
 FLASH, PRO = ROOT / "configs" / "v4_flash.yaml", ROOT / "configs" / "v4_pro.yaml"
 
@@ -115,6 +115,17 @@ def test_buffers_and_workspace_cover_the_largest_breakable_size():
     flash = load_config(FLASH)
     m, r = flash.model, flash.runtime
     assert rank_memory(flash, "cuda")["workspace"] == workspace_bytes(m, 1, r.max_tokens_per_step, r.max_len, 2)
+
+
+@pytest.mark.parametrize("mode", ["eager", "breakable", "full"])
+def test_memory_fit_counts_the_buffer_rows_the_shard_allocates(mode):
+    # A decode size above the step budget: the shard allocates rows for it in every mode (Workers of several
+    # modes may share one shard), and the memory check counts the workspace at those rows.
+    cfg = load_config(TINY_PATH, [f"graph.mode={mode}", "graph.capture_sizes=[80, 8]", "parallel.tp=1"])
+    shard = ModelShard.build(cfg, single_process(torch.device("cpu")))
+    assert shard.buffers.capacity == buffer_capacity(cfg) == 80
+    m, r = cfg.model, cfg.runtime
+    assert rank_memory(cfg, "cpu")["workspace"] == workspace_bytes(m, 1, shard.buffers.capacity, r.max_len, 4)
 
 
 def test_the_bench_captures_its_batches_only():

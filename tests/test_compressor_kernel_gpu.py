@@ -28,10 +28,10 @@ from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.batch import StepBatch
-from tp_runtime.model.cache import RingState, ring_length
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.rope import RotaryTable
-from tp_runtime.model.step_index import StepIndex, block_index, ring_index
+from tp_runtime.model.step_index import block_index, ring_index
+from tp_runtime.ops.index import RingState, StepIndex, ring_length
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
 

@@ -293,7 +293,8 @@ def test_memory_check_names_keys_and_sizes(words, keys):
 
 def test_memory_budget_boundary():
     """The refusal starts one byte past the budget, for every rank that shares it."""
-    from tp_runtime.memory_fit import Budget, rank_memory, refusal
+    from tp_runtime.memory_fit import Budget, refusal
+    from tp_runtime.memory_model import rank_memory
 
     cfg = load_config(TINY, ["runtime.device=cpu"])
     parts = rank_memory(cfg, "cpu")

@@ -16,11 +16,12 @@ import torch
 
 from conftest import TINY_PATH as TINY, run_cli, with_settings
 from tp_runtime.bench.cache_fill import fill_seeded
-from tp_runtime.bench.roofline import largest_batches, layer_cache_bytes, memory_per_rank, step_bytes
+from tp_runtime.bench.roofline import largest_batches, layer_cache_bytes, step_bytes
 from tp_runtime.bench.sweep_config import load_sweep, split_mode
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.engine.entry import in_process
 from tp_runtime.engine.report import run_record
+from tp_runtime.memory_model import memory_per_rank
 from tp_runtime.model.cache import allocate_layer_cache, cache_bytes
 from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
                                       round_rows, row_bytes)

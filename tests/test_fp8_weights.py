@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_PATH as TINY, run_cli
-from tp_runtime.bench.roofline import layer_weight_bytes, step_bytes
+from tp_runtime.bench.roofline import step_bytes
 from tp_runtime.config import ConfigError, load_config
+from tp_runtime.memory_model import layer_weight_bytes
 from tp_runtime.model.layers import Linear
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.ops.linear import dequantize, fp8_linear

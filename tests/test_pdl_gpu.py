@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from tp_runtime.config import ModelConfig
-from tp_runtime.model.cache import RingState, ring_length
 from tp_runtime.model.rope import RotaryTable
-from tp_runtime.model.step_index import BlockIndex, RingIndex, block_index, ring_index
+from tp_runtime.model.step_index import block_index, ring_index
 from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
+from tp_runtime.ops.index import BlockIndex, RingIndex, RingState, ring_length
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.kernel_support import pdl_unavailable
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, quantize_x

@@ -13,7 +13,8 @@ import torch
 
 from conftest import REPO
 from tp_runtime.config import ModelConfig, load_config
-from tp_runtime.model.step_index import IndexPlan, StepIndex
+from tp_runtime.model.step_index import IndexPlan
+from tp_runtime.ops.index import StepIndex
 from tp_runtime.ops.torch_path import TorchBackend
 
 TRASH = 8  # the trash slot: slots 0..7 hold sequences

@@ -4,8 +4,8 @@
 
 A rank holds its weights (this rank's shard), its caches (runtime.max_seqs + the trash slot, each
 runtime.max_len positions, over the selected layers) and a workspace (rotary tables and one step's
-activations at the largest token count, which the CUDA graph pool holds under graphs), all from
-bench/roofline.py. The budget is the device's:
+activations at the step buffers' token rows, which the CUDA graph pool holds under graphs), all from
+memory_model.py. The budget is the device's:
 
   CUDA  the total memory of the smallest GPU a rank of this machine may use (GPUs 0..tp-1), as torch
         reports it; read from the device properties, so no CUDA context is made in this process.
@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tp_runtime.config import ConfigError, RunConfig, breakable_sizes
+from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.memory_model import rank_memory
 
-ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 # The keys that set each part of a rank's memory, and what lowers it, named when it does not fit.
 PART_KEYS = {"weights": ("model.layers", "parallel.tp", "runtime.dtype", "runtime.weight_format"),
              "caches": ("runtime.max_seqs", "runtime.max_len", "model.layers", "runtime.cache_format"),
@@ -52,23 +52,6 @@ def device_type(cfg: RunConfig) -> str:
     if cfg.runtime.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.runtime.device
-
-
-def rank_memory(cfg: RunConfig, device_type: str) -> dict[str, int]:
-    """Bytes one rank holds by part (weights, caches, workspace), in the layout it will use on device_type."""
-    from tp_runtime.bench.roofline import memory_per_rank, workspace_bytes
-
-    m, r, g, tp = cfg.model, cfg.runtime, cfg.graph, cfg.parallel.tp
-    cuda = device_type == "cuda"
-    elem = ELEM_BYTES.get(r.dtype, 2 if cuda else 4)  # auto: bfloat16 on GPUs, float32 on CPUs
-    mem = memory_per_rank(m, tp, r.max_seqs, r.max_len, elem, cuda and r.weight_format == "fp8",
-                          cuda and r.cache_format == "fp8")
-    # The largest step or capture size: breakable sizes never exceed max_tokens_per_step (breakable_sizes drops
-    # larger ones). Graphs warm every size up eagerly, release that memory, then capture into the pool
-    # (executor/step_graphs.py), so one step's activations at this count are held once, not twice.
-    tokens = max([r.max_tokens_per_step] + (breakable_sizes(cfg) if g.mode != "eager" else []))
-    return {"weights": mem["weights"], "caches": mem["cache"],
-            "workspace": workspace_bytes(m, tp, tokens, r.max_len, elem)}
 
 
 def device_budget(cfg: RunConfig, device_type: str) -> Budget | None:

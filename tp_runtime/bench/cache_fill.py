@@ -22,7 +22,8 @@ import torch
 from tp_runtime.executor.plan import SeqChunk, StepPlan
 from tp_runtime.executor.worker import Worker
 from tp_runtime.engine.workload import Workload
-from tp_runtime.model.cache import LayerCache, RingState
+from tp_runtime.model.cache import LayerCache
+from tp_runtime.ops.index import RingState
 
 
 def _generator(seed: int, layer: int, what: str, device: torch.device) -> torch.Generator:

@@ -24,8 +24,9 @@ a few rows a token and have no entry: their share is not computed.
 from __future__ import annotations
 
 from tp_runtime.bench.flops import candidate_rows
-from tp_runtime.bench.roofline import layer_weight_bytes, stored_bytes
+from tp_runtime.bench.roofline import stored_bytes
 from tp_runtime.config import ModelConfig
+from tp_runtime.memory_model import layer_weight_bytes
 
 INDEX_BYTES = 8  # a pick is an int64 row index
 

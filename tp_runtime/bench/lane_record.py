@@ -14,9 +14,10 @@ from tp_runtime.bench.measure import flat, summarize_ms
 from tp_runtime.bench.projection import rank_fields
 from tp_runtime.bench.record import (AllreduceTimes, BenchRecord, Breaks, Fill, LaneSetup, Memory, ModelShape, Point,
                                      Prefill, PrefillBuilt, PrefillChunk, Profile, Roofline, StepTimes, TimedBreaks)
-from tp_runtime.bench.roofline import largest_batches, memory_per_rank, model_seconds, step_bytes
+from tp_runtime.bench.roofline import largest_batches, model_seconds, step_bytes
 from tp_runtime.bench.steps import ChunkTimes
 from tp_runtime.executor.worker import Worker
+from tp_runtime.memory_model import memory_per_rank
 
 FIT_CONTEXTS = (4096, 32768, 65536, 131072)  # contexts of the memory-fit table, beside the point's own
 

@@ -17,23 +17,20 @@ ctx is the number of tokens in the cache when the step runs (the decode position
 
     model_s = (weights + cache) / bandwidth + n_layers * allreduce_latency   (tp > 1)
 
-Memory per rank: the weights held plus the caches allocated (model.cache.cache_bytes: slots x max_len x
-layers, state rings included); `largest_batches` is the largest batch per context that fits a device.
+Memory per rank (weights held plus caches allocated) is memory_model.py's; `largest_batches` is the largest
+batch per context that fits a device.
 `python -m tp_runtime.bench.roofline CONFIG [GiB] [key=value ...]` prints it for both cache formats
 (default 139 GiB: one H200 as torch reports it).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tp_runtime.bench.flops import candidate_rows
 from tp_runtime.config import ModelConfig
-from tp_runtime.model.cache import cache_bytes, row_widths
-from tp_runtime.weights.specs import is_fp8_param, layer_specs
-
-FP32 = 4
+from tp_runtime.memory_model import layer_weight_bytes, memory_per_rank
+from tp_runtime.model.cache import row_widths
 
 
 @dataclass(frozen=True)
@@ -47,25 +44,6 @@ class StepBytes:
 
     def __add__(self, other: "StepBytes") -> "StepBytes":
         return StepBytes(self.weights + other.weights, self.cache + other.cache)
-
-
-def layer_weight_bytes(m: ModelConfig, ratio: int, tp: int, elem: int, fp8: bool = False,
-                       kinds: tuple[str, ...] | None = None) -> int:
-    """Weight bytes one rank holds (and reads once per step) for one layer of compress ratio `ratio`:
-    the shard table's tensors (of `kinds` only, when given), the split ones divided by tp, in the run dtype
-    (ape, attn_sink fp32); with fp8, the FP8 matrices as stored: one byte a value plus one e8m0 byte per
-    128 x 128 block."""
-    total = 0
-    for spec in layer_specs(m, 0, ratio, fp8=fp8):
-        if kinds is not None and spec.kind not in kinds:
-            continue
-        split = tp if spec.shard_dim is not None else 1
-        n = math.prod(spec.shape) // split
-        if is_fp8_param(spec):
-            total += n + math.prod(-(-d // 128) for d in spec.shape) // split
-        else:
-            total += n * (FP32 if spec.kind in ("ape", "sink") else elem)
-    return total
 
 
 def stored_bytes(m: ModelConfig, elem: int, fp8_cache: bool) -> tuple[int, int]:
@@ -92,14 +70,6 @@ def step_bytes(m: ModelConfig, tp: int, batch: int, ctx: int, elem: int, fp8: bo
         total = total + StepBytes(layer_weight_bytes(m, r, tp, elem, fp8),
                                   layer_cache_bytes(m, r, batch, ctx, elem, fp8_cache))
     return total
-
-
-def memory_per_rank(m: ModelConfig, tp: int, slots: int, max_len: int, elem: int, fp8: bool = False,
-                    fp8_cache: bool = False) -> dict[str, int]:
-    """Bytes a rank holds: weights (as in step_bytes) and caches of `slots` sequences of max_len positions."""
-    ratios = [m.compress_ratios[i] for i in m.layer_ids()]
-    weights = sum(layer_weight_bytes(m, r, tp, elem, fp8) for r in ratios)
-    return {"weights": weights, "cache": cache_bytes(m, ratios, slots, max_len, elem, fp8_cache)}
 
 
 def largest_batches(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: list[int], fp8: bool = False,
@@ -144,19 +114,3 @@ if __name__ == "__main__":  # python -m tp_runtime.bench.roofline CONFIG [GiB] [
     print(f"tp={cfg.parallel.tp}, {len(cfg.model.layer_ids())} layers, {gib:g} GiB, 90% for weights + caches")
     print(fit_table(cfg.model, cfg.parallel.tp, dtype, int(gib * 2**30), [4096, 32768, 65536, 131072],
                     cfg.runtime.weight_format == "fp8"))
-
-
-def workspace_bytes(m: ModelConfig, tp: int, tokens: int, max_len: int, elem: int) -> int:
-    """Estimated bytes a rank needs besides weights and caches (memory_fit.py checks the sum before a run):
-    the rotary tables (window and compressed: max_len + 2 positions x Dr/2 complex64) and the activations of
-    one layer's step at `tokens` tokens, which the caching allocator keeps (eager) or the CUDA graph pool
-    holds (graphs: every capture size shares one pool, the largest decides). Per token: the hidden state a
-    few times (input, norm, output, all-reduce), q_lora, this rank's q and attention output [H/tp, D] (and a
-    roped copy), a KV row, the o_lora groups, the indexer queries, and fp32 scores over the window + top-K
-    per head and over the max_len / 4 indexer keys. A lower bound: more would refuse runs that fit."""
-    heads = m.num_attention_heads // tp
-    per_token = elem * (4 * m.hidden_size + m.q_lora_rank + 3 * heads * m.head_dim + 2 * m.head_dim
-                        + (m.o_groups // tp) * m.o_lora_rank + m.index_n_heads * m.index_head_dim)
-    per_token += FP32 * (heads * (m.sliding_window + m.index_topk) + max_len // 4)
-    rotary = 2 * (max_len + 2) * (m.qk_rope_head_dim // 2) * 8
-    return tokens * per_token + rotary

@@ -4,7 +4,7 @@
 
 Per (tp, model variant) group, every rank holds one shard (weights, caches) per distinct runtime section
 of its modes' Workers (bench/lanes.py shares the rest, shard_key) and a workspace per Worker; rank 0 at
-tp > 1 also holds the tp = 1 baselines (bench.compare_tp1). Sizes and budgets are memory_fit.py's.
+tp > 1 also holds the tp = 1 baselines (bench.compare_tp1). Sizes are memory_model.py's, budgets memory_fit.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from tp_runtime.bench.lanes import shard_key
 from tp_runtime.bench.sweep_config import SweepConfig
 from tp_runtime.config import ConfigError, RunConfig
-from tp_runtime.memory_fit import Budget, device_budget, device_type, rank_memory, refusal
+from tp_runtime.memory_fit import Budget, device_budget, device_type, refusal
+from tp_runtime.memory_model import rank_memory
 
 # What sets a bench rank's memory (the bench sizes its Workers from the grid), named when it does not fit.
 BENCH_ADVICE = {"weights": "the weights are set by the model and grid 'parallel.tp': select fewer layers",

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tp_runtime.config import ConfigError, RunConfig, breakable_sizes
+from tp_runtime.config import ConfigError, RunConfig
 from tp_runtime.executor.buffers import StepBuffers
+from tp_runtime.memory_model import buffer_capacity
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.stack import AttentionStack
@@ -50,13 +51,6 @@ def uses_fp8_cache(cfg: RunConfig, device: torch.device) -> bool:
         raise ConfigError(f"{cfg.source}: 'runtime.cache_format'=fp8 stores caches for the CUDA kernels; this rank "
                           f"runs on {device}: use cache_format=bf16")
     return True
-
-
-def buffer_capacity(cfg: RunConfig, oneshot: bool) -> int:
-    """Tokens the static buffers hold: a whole prompt (oneshot), else the largest step or capture size of either
-    graph kind (breakable sizes never exceed runtime.max_tokens_per_step: config.breakable_sizes drops them)."""
-    rt = cfg.runtime
-    return rt.max_len if oneshot else max(rt.max_tokens_per_step, *breakable_sizes(cfg))
 
 
 @dataclass

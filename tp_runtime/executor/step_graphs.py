@@ -49,7 +49,7 @@ class StepGraphs:
         warming a size up just before capturing it would hold one step's activations twice (the warm-up's cached
         blocks beside the pool; at 2048 tokens of a prefill size, a second workspace). Warming every size first
         (each smaller one reuses the largest's blocks) and emptying the cache before the first capture keeps the
-        peak at the larger of the two, which is what memory_fit.py's workspace estimate counts.
+        peak at the larger of the two, which is what memory_model.py's workspace estimate counts.
         """
         dev = self.device
         torch.cuda.synchronize(dev)

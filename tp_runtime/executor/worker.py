@@ -32,8 +32,9 @@ import torch
 
 from tp_runtime.config import RunConfig, breakable_sizes
 from tp_runtime.executor.plan import StepPlan
-from tp_runtime.executor.shard import ModelShard, buffer_capacity, resolve_dtype
+from tp_runtime.executor.shard import ModelShard, resolve_dtype
 from tp_runtime.executor.step_graphs import StepGraphs
+from tp_runtime.memory_model import buffer_capacity
 from tp_runtime.parallel.allreduce import setup_allreduce
 from tp_runtime.parallel.group import TPGroup, shutdown, warm_up_collectives
 

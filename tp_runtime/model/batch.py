@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tp_runtime.model.step_index import StepIndex
+from tp_runtime.ops.index import StepIndex
 
 
 @dataclass

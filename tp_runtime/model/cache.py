@@ -21,26 +21,7 @@ import torch
 
 from tp_runtime.config import ModelConfig, compressed_len
 from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes
-
-
-def ring_length(ratio: int) -> int:
-    """Rows of a compressor's state ring: c*r tokens (c = 2 for the overlapping ratio-4 compressor)."""
-    return (2 if ratio == 4 else 1) * ratio
-
-
-@dataclass
-class RingState:
-    """The last c*r tokens' compressor inputs: kv [slots, c*r, c*D] and score (+ape) of the same shape."""
-
-    kv: torch.Tensor
-    score: torch.Tensor
-
-    @classmethod
-    def empty(cls, slots: int, ratio: int, dim: int, device: torch.device) -> "RingState":
-        rows = ring_length(ratio)
-        shape = (slots, rows, rows // ratio * dim)
-        return cls(torch.zeros(shape, dtype=torch.float32, device=device),
-                   torch.zeros(shape, dtype=torch.float32, device=device))
+from tp_runtime.ops.index import RingState, ring_length
 
 
 @dataclass

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from tp_runtime.model.batch import StepBatch
-from tp_runtime.model.cache import RingState, ring_length
 from tp_runtime.model.layers import RMSNorm
+from tp_runtime.ops.index import RingState, ring_length
 from tp_runtime.ops.select import KernelBackend
 
 

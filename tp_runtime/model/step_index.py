@@ -7,69 +7,22 @@ small kernels per layer; here they are answered once per step into static buffer
 before a graph replays, so captured segments and eager breaks read the same tensors. `IndexPlan.compute_into`
 fills them through the kernel backend: one Triton launch (ops/step_index.py), or its torch twin.
 
-Shapes below: T tokens of the step (padded), R rows of a ring, Dr/2 rotary pairs.
+The index types it fills (RingIndex, BlockIndex, StepIndex) are the kernels' own: ops/index.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 from tp_runtime.config import ModelConfig
-from tp_runtime.model.cache import ring_length
 from tp_runtime.model.rope import RotaryTable
+from tp_runtime.ops.index import BlockIndex, RingIndex, StepIndex, ring_length
 from tp_runtime.ops.torch_path import block_rows, ring_rows
 
 if TYPE_CHECKING:
     from tp_runtime.ops.select import KernelBackend
-
-
-class RingIndex(NamedTuple):
-    """Rows of positions pos - R + 1 .. pos of each token's sequence (oldest first), for a ring of R rows.
-
-    A position inside this step's chunk of the sequence is read from the step's own rows (the ring
-    may already hold later rows of the chunk); an earlier one from the ring at row pos % R.
-    """
-
-    in_step: torch.Tensor  # [T, R] bool: read from the step's rows
-    step_row: torch.Tensor  # [T, R] long: that row of the step (clamped where not in_step)
-    ring_row: torch.Tensor  # [T, R] long: slot * R + pos % R in the ring viewed as [slots * R, C]
-    valid: torch.Tensor  # [T, R] bool: position >= 0
-    write_row: torch.Tensor  # [T] long: where the token's own row is stored; its chunk's newest R rows
-    # land at slot * R + pos % R, older rows of the chunk (a later token overwrites them) and padding
-    # in the trash slot
-
-    def tokens(self, s: int, e: int) -> "RingIndex":
-        return RingIndex(*(t[s:e] for t in self))
-
-
-class BlockIndex(NamedTuple):
-    """Each token's compressed block for a compress ratio r."""
-
-    phase: torch.Tensor  # [T] pos % r (the compressor's positional bias row)
-    block: torch.Tensor  # [T] pos // r
-    emit_slot: torch.Tensor  # [T] the token's slot if it completes its block, else the trash slot
-    n_done: torch.Tensor  # [T] (pos + 1) // r: completed entries the token may attend to
-    cis: torch.Tensor  # [T, Dr/2] complex64: rotary at the entry's position block * r
-
-
-@dataclass
-class StepIndex:
-    rings: dict[int, RingIndex]  # by ring length R
-    cis: dict[str, torch.Tensor]  # by rotary kind ("window", "compressed"): [T, Dr/2] at pos
-    blocks: dict[int, BlockIndex]  # by compress ratio
-
-    def tensors(self) -> list[torch.Tensor]:
-        return ([t for ix in self.rings.values() for t in ix] + list(self.cis.values())
-                + [t for ix in self.blocks.values() for t in ix])
-
-    def rows(self, n: int) -> "StepIndex":
-        """The first n tokens' index (views)."""
-        return StepIndex({r: ix.tokens(0, n) for r, ix in self.rings.items()},
-                         {k: c[:n] for k, c in self.cis.items()},
-                         {r: BlockIndex(*(t[:n] for t in ix)) for r, ix in self.blocks.items()})
 
 
 class IndexPlan:

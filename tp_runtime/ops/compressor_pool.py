@@ -38,17 +38,13 @@ kernel reads: its wait, before any access, keeps that order under PDL too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from tp_runtime.ops.cache_fp8 import store_key, store_row
+from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
 
-if TYPE_CHECKING:  # index tuples and the state only; nothing of the model is imported at run time
-    from tp_runtime.model.cache import RingState
-    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 TILE = 4096  # elements of one [BLOCK_R, BLOCK_D] tile of rows: 16 fp32 per thread at 8 warps
 

@@ -12,17 +12,15 @@ name (a report names it: `backend.name`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from tp_runtime.config import ConfigError, triton_unavailable
+from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
 
-if TYPE_CHECKING:
-    from tp_runtime.model.cache import RingState
-    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 CHOICES = ("torch", "triton")
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -39,16 +39,14 @@ the angles, before its store.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from tp_runtime.ops.cache_fp8 import load_rows
+from tp_runtime.ops.index import RingIndex
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
-
-if TYPE_CHECKING:  # index tuples only; nothing of the model is imported at run time
-    from tp_runtime.model.step_index import RingIndex
 
 
 @jit

@@ -1,4 +1,4 @@
-"""The per-step index in one launch (Triton): every tensor of a StepIndex (model/step_index.py), written
+"""The per-step index in one launch (Triton): every tensor of a StepIndex (ops/index.py), written
 straight into the first T rows of the static index buffers.
 
 For token t with metadata slot, pos, start_idx, start_pos, last_pos (each [T] long; `trash` the trash slot):

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows
 from tp_runtime.ops.fp8_gemm import fp8_gemm_torch
+from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.linear import fp8_linear_torch
 
-if TYPE_CHECKING:  # ops take plain tensors and index tuples; nothing of the model is imported at run time
-    from tp_runtime.model.cache import RingState
-    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 # Elements (not bytes) one chunk of gathered candidates may occupy; bounds peak memory of long prefills.
 CHUNK_ELEMENTS = 1 << 25
@@ -239,7 +237,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None
 def ring_rows(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
               last_pos: torch.Tensor, trash: int) -> tuple[torch.Tensor, ...]:
     """Where tokens (metadata rows [T] long) read and write a ring of R rows: (in_step, step_row, ring_row, valid
-    [T, R], write_row [T]), model/step_index.py's RingIndex."""
+    [T, R], write_row [T]), ops/index.py's RingIndex."""
     qpos = pos[:, None] + torch.arange(1 - R, 1, device=pos.device)  # [T, R]
     rel = qpos - start_pos[:, None]  # >= 0: inside the step's chunk
     keep = torch.where(pos > last_pos - R, slot, trash)
@@ -250,7 +248,7 @@ def ring_rows(R: int, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Te
 def block_rows(r: int, slot: torch.Tensor, pos: torch.Tensor, trash: int,
                table: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each token's compressed block for ratio r: (phase, block, emit_slot, n_done [T], cis [T, Dr/2] from the
-    rotary table [P, Dr/2] at block * r), model/step_index.py's BlockIndex."""
+    rotary table [P, Dr/2] at block * r), ops/index.py's BlockIndex."""
     block = pos.div(r, rounding_mode="floor")
     completes = (pos + 1).remainder(r) == 0
     return (pos.remainder(r), block, torch.where(completes, slot, trash), (pos + 1).div(r, rounding_mode="floor"),

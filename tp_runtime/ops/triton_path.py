@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from tp_runtime.ops.add_rms_norm import add_rms_norm
 from tp_runtime.ops.cache_fp8 import row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
+from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.gemv import gemv, use_triton_gemv
 from tp_runtime.ops.fp8_gemm import fp8_gemm
@@ -41,10 +42,6 @@ from tp_runtime.ops.rms_norm_pair import rms_norm_pair
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.step_index import step_index
-
-if TYPE_CHECKING:  # index tuples are duck-typed at run time: ops import nothing of the model
-    from tp_runtime.model.cache import RingState
-    from tp_runtime.model.step_index import BlockIndex, RingIndex
 
 
 @dataclass(frozen=True)

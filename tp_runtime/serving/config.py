@@ -28,7 +28,8 @@ from pathlib import Path
 
 from tp_runtime.bench.sweep_config import MODES
 from tp_runtime.config import ConfigError, RunConfig, _build, config_from_dict
-from tp_runtime.memory_fit import Budget, device_budget, device_type, rank_memory, refusal
+from tp_runtime.memory_fit import Budget, device_budget, device_type, refusal
+from tp_runtime.memory_model import rank_memory
 from tp_runtime.sweep_file import read_sweep_file
 from tp_runtime.serving.arrivals import (LengthSpec, ServeRequest, dataset_requests, draw_requests, parse_length,
                                          read_dataset)
