@@ -104,10 +104,10 @@ def test_non_string_keys_one_clean_message(tmp_path, text, key):
 
 
 def test_mixed_unknown_keys_built_in_code_are_sorted_as_text():
-    from tp_runtime.config import RunConfig, _build
+    from tp_runtime.config import RunConfig, from_mapping
 
     with pytest.raises(ConfigError, match=r"unknown key '1'"):
-        _build(RunConfig, {1: "one", "foo": "bar"}, "", "<dict>")
+        from_mapping(RunConfig, {1: "one", "foo": "bar"}, "", "<dict>")
 
 
 # ---------------------------------------------------------------- one-line YAML errors

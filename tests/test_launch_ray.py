@@ -79,7 +79,7 @@ def test_embedded_ray_listens_on_loopback_only() -> None:
 def test_embedded_ray_ends_with_a_driver_killed_by_sigkill() -> None:
     # No shutdown runs in a SIGKILLed driver. Ray's fate sharing ends its GCS, raylet and workers, but
     # its DashboardAgent and RuntimeEnvAgent lingered 60-65 s (measured); the embedded instance's
-    # reaper (ray_launch.REAPER) ends them: measured, every process gone within 5 s of the kill.
+    # reaper (parallel/ray_reaper.py) ends them: measured, every process gone within 5 s of the kill.
     env = child_env()
     p = subprocess.Popen([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=512"], cwd=REPO,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -17,10 +17,9 @@ import argparse
 import json
 import sys
 
-from tp_runtime.config import ConfigError, RunConfig, eager_steps_warning, load_config
+from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
-from tp_runtime.parallel.group import resolve_device
 from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
 from tp_runtime.parallel.launcher import check_launchable
 from tp_runtime.paths import check_output_file
@@ -64,18 +63,12 @@ def _check_startable(cfg: RunConfig, command: str) -> None:
 
 def _validate_inputs(cfg: RunConfig) -> None:
     """Refuse a bad input file, checkpoint, FP8 shard layout or output path here, before any rank computes."""
+    check_machine(cfg)  # FP8 weights or caches where the ranks would start on this machine's CPU
     if cfg.runtime.weight_format == "fp8":
-        if cfg.parallel.launcher != "ray" and resolve_device(cfg.runtime.device).type != "cuda":
-            raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; "
-                              "this machine has none (use weight_format=bf16)")
         try:
             check_fp8_shards(cfg.model, cfg.parallel.tp)
         except ValueError as e:
             raise ConfigError(f"{cfg.source}: {e}") from None
-    if (cfg.runtime.cache_format == "fp8" and cfg.parallel.launcher != "ray"
-            and resolve_device(cfg.runtime.device).type != "cuda"):
-        raise ConfigError(f"{cfg.source}: 'runtime.cache_format'=fp8 stores caches for the CUDA kernels only; "
-                          "this machine has none (use cache_format=bf16)")
     if cfg.workload.inputs:
         read_inputs(cfg.workload.inputs, cfg.model.hidden_size)
     if cfg.model.checkpoint:

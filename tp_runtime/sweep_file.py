@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tp_runtime.config import ConfigError, _set_dotted, parse_override, read_yaml
+from tp_runtime.config import ConfigError, parse_override, read_yaml, set_dotted
 from tp_runtime.config_yaml import read_mapping
 
 RUN_SECTIONS = ("model", "parallel", "runtime", "workload", "graph")
@@ -61,7 +61,7 @@ def _apply(f: SweepFile, word: str, own_key: str) -> None:
     elif key.startswith(own_key + "."):
         f.own[key[len(own_key) + 1:]] = value
     elif key.split(".")[0] in RUN_SECTIONS:
-        _set_dotted(f.base, key, value, where)
+        set_dotted(f.base, key, value, where)
     else:
         raise ConfigError(f"{where}: unknown key '{key}'; use name, {own_key}.<key>, grid.<key> "
                           f"or a run-config key under {list(RUN_SECTIONS)}")

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tp_runtime.config import ConfigError, ModelConfig, RunConfig, _build, _set_dotted, config_from_dict
+from tp_runtime.config import ConfigError, ModelConfig, RunConfig, config_from_dict, from_mapping, set_dotted
 from tp_runtime.config_yaml import read_mapping
 from tp_runtime.sweep_file import read_sweep_file, resolve_beside
 from tp_runtime.weights.specs import check_fp8_shards
@@ -150,7 +150,7 @@ class SweepConfig:
             if key == "model_file":
                 data["model"] = _model_section(value, self.source)
             else:
-                _set_dotted(data, key, value, self.source)
+                set_dotted(data, key, value, self.source)
         batches, contexts = self.grid["bench.batch"], self.grid["bench.context"]
         base_mode, settings = split_mode(mode)
         graph_mode, scope = MODES[base_mode]
@@ -181,7 +181,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepCon
     path = Path(path)
     f = read_sweep_file(path, "sweep config", "bench", overrides)
     source = str(path)
-    sweep = SweepConfig(f.name, f.base, f.grid, _build(BenchSettings, f.own, "bench", source), source)
+    sweep = SweepConfig(f.name, f.base, f.grid, from_mapping(BenchSettings, f.own, "bench", source), source)
     _validate(sweep, path)
     return sweep
 

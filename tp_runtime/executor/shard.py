@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.config import ConfigError, RunConfig, uses_fp8_cache, uses_fp8_weights
 from tp_runtime.executor.buffers import StepBuffers
 from tp_runtime.memory_model import buffer_capacity
 from tp_runtime.model.batch import LiveBatch
@@ -32,25 +32,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def uses_fp8_weights(cfg: RunConfig, device: torch.device) -> bool:
-    """runtime.weight_format=fp8, on a device that runs FP8 GEMMs (CUDA, compute capability >= 8.9)."""
-    if cfg.runtime.weight_format != "fp8":
-        return False
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 needs a CUDA GPU with FP8 (compute "
-                          f"capability >= 8.9); this rank runs on {device} ({name}): use weight_format=bf16")
-    return True
-
-
-def uses_fp8_cache(cfg: RunConfig, device: torch.device) -> bool:
-    """runtime.cache_format=fp8, on a CUDA device (the kernels that write and read the FP8 rows in place)."""
-    if cfg.runtime.cache_format != "fp8":
-        return False
-    if device.type != "cuda":
-        raise ConfigError(f"{cfg.source}: 'runtime.cache_format'=fp8 stores caches for the CUDA kernels; this rank "
-                          f"runs on {device}: use cache_format=bf16")
-    return True
 
 
 @dataclass

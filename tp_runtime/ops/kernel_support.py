@@ -1,5 +1,7 @@
 """What every Triton kernel file of ops/ shares: Triton itself where installed, `jit`, the SM count, the
-alignment a kernel may promise for row offsets, and programmatic dependent launch (PDL).
+alignment a kernel may promise for row offsets, and programmatic dependent launch (PDL): `runtime.pdl`
+resolved for a device (whether a device can run PDL at all is asked of tp_runtime/capability.py:
+`pdl_unavailable`, which this module re-exports).
 
 PDL (`runtime.pdl`, CUDA compute capability >= 9.0): a kernel launched with `launch_pdl=True` may start
 while the previous kernel of its stream is still running, once every program of that kernel has called
@@ -24,6 +26,8 @@ import functools
 import math
 
 import torch
+
+from tp_runtime.capability import pdl_refusal, pdl_unavailable
 
 try:
     import triton
@@ -72,43 +76,6 @@ def pdl_trigger(PDL: tl.constexpr):
 PDL_CHOICES = ("auto", "on", "off")
 
 
-def _triton_has_pdl() -> bool:
-    """The installed Triton launches with the PDL attribute (`launch_pdl`) and has gdc_wait / gdc_launch_dependents
-    (Triton >= 3.3); its interpreter runs neither."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    gdc = getattr(getattr(tl.extra, "cuda", None), "gdc_wait", None)
-    return "launch_pdl" in CUDAOptions.__dataclass_fields__ and gdc is not None
-
-
-def pdl_unavailable(device: torch.device | str) -> str | None:
-    """Why PDL cannot run on `device` here, or None. device: a torch.device (a rank's), or a runtime.device
-    value: 'cpu', or 'auto' / 'cuda', which ask it of every visible GPU."""
-    every_gpu = isinstance(device, str) and device in ("auto", "cuda")
-    dev = None if every_gpu else torch.device(device)
-    if dev is not None and dev.type != "cuda":
-        return f"a CUDA device, but runtime.device={device}" if isinstance(device, str) else \
-            f"a CUDA device; this rank runs on {dev}"
-    if triton is None:
-        return "the triton package, which is not installed here"
-    if getattr(triton, "knobs", None) is not None and triton.knobs.runtime.interpret:
-        return "compiled kernels, but TRITON_INTERPRET=1 runs Triton's interpreter"
-    if not _triton_has_pdl():
-        return f"a Triton with launch_pdl and gdc_wait (>= 3.3); this one is {triton.__version__}"
-    if not torch.cuda.is_available():
-        return "a CUDA device, and none is available here"
-    ids = range(torch.cuda.device_count()) if every_gpu else [
-        dev.index if dev.index is not None else torch.cuda.current_device()]
-    for i in ids:
-        cap = torch.cuda.get_device_capability(i)
-        if cap < (9, 0):
-            return (f"CUDA compute capability >= 9.0 (Hopper or newer); cuda:{i} ({torch.cuda.get_device_name(i)}) "
-                    f"is {cap[0]}.{cap[1]}")
-    return None
-
-
 def resolve_pdl(requested: str, device: torch.device) -> bool:
     """runtime.pdl 'auto' | 'on' | 'off' -> whether the Triton kernels of a shard on `device` launch with PDL:
     auto where `pdl_unavailable` finds nothing missing. 'on' where something is raises ValueError, the message
@@ -119,5 +86,5 @@ def resolve_pdl(requested: str, device: torch.device) -> bool:
         return False
     why = pdl_unavailable(device)
     if requested == "on" and why:
-        raise ValueError(f"'runtime.pdl'=on needs {why}; use runtime.pdl=auto or off")
+        raise ValueError(pdl_refusal(why))
     return why is None

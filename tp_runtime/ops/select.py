@@ -16,7 +16,8 @@ from typing import Protocol
 
 import torch
 
-from tp_runtime.config import ConfigError, triton_unavailable
+from tp_runtime.capability import kernels_refusal, triton_unavailable
+from tp_runtime.config_yaml import ConfigError
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
@@ -89,7 +90,10 @@ class KernelBackend(Protocol):
 
 
 def resolve_kernels(requested: str, device: torch.device, dtype: torch.dtype) -> str:
-    """'auto' | 'torch' | 'triton' -> 'torch' | 'triton' for a shard on `device` holding `dtype`."""
+    """'auto' | 'torch' | 'triton' -> 'torch' | 'triton' for a shard on `device` holding `dtype`.
+
+    Config validation refuses runtime.kernels=triton where it cannot run before any rank starts; a rank asks
+    the same probe of its own device here and, refused, reads the same sentence (capability.kernels_refusal)."""
     if requested == "torch":
         return "torch"
     why = triton_unavailable(device.type)
@@ -100,7 +104,7 @@ def resolve_kernels(requested: str, device: torch.device, dtype: torch.dtype) ->
     if requested != "triton":
         raise ConfigError(f"'runtime.kernels' must be one of ['auto', 'torch', 'triton'], got {requested!r}")
     if why:
-        raise ConfigError(f"'runtime.kernels'=triton needs {why}; use runtime.kernels=torch or auto")
+        raise ConfigError(kernels_refusal(why))
     return "triton"
 
 

@@ -99,73 +99,13 @@ class RankActor:
 # ---------------------------------------------------------------- connecting
 
 
-# Ends every process of an embedded Ray that outlives it. Ray's own fate sharing ends the GCS, raylet and
-# workers when the driver dies (SIGKILL), but its DashboardAgent and RuntimeEnvAgent first report the
-# raylet's death to the dead GCS, with a fixed 60 s timeout; and a ray.init interrupted half-way (SIGINT,
-# SIGTERM) leaves ray.shutdown() nothing to stop. The reaper notes the driver's descendants that are Ray's
-# (by name or by a command line inside the ray package; pid and start time, from /proc) twice a second
-# while its stdin pipe from the driver is open. At EOF (the driver stopped Ray, failed to start it, or
-# died) it looks once more and SIGKILLs those that still exist, until a look finds no new one.
-REAPER = """
-import os, select, signal, sys
-driver, seen = int(sys.argv[1]), {}
-RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
-RAY_CODE = os.path.dirname(sys.argv[2]) + os.sep  # the ray package: its log monitor, agents, reaper
-def stat(d):
-    with open(f"/proc/{d}/stat") as f:
-        text = f.read()
-    rest = text.rsplit(")", 1)[1].split()
-    return int(rest[1]), rest[19], text[text.index("(") + 1:text.rindex(")")]  # parent, start time, name
-def is_ray(pid, name):
-    if name.startswith(RAY_NAMES):
-        return True
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return any(a.startswith(RAY_CODE) for a in f.read().decode(errors="replace").split("\\0"))
-    except OSError:
-        return False
-def look():
-    procs, new = {}, 0
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            procs[int(d)] = stat(d)
-        except (OSError, IndexError, ValueError):
-            pass
-    kids, todo = {}, [driver]
-    while todo:
-        parent = todo.pop()
-        for pid, (ppid, start, name) in procs.items():
-            if ppid == parent and pid != os.getpid() and pid not in kids:
-                kids[pid] = (start, name)
-                todo.append(pid)
-    for pid, (start, name) in kids.items():
-        if pid not in seen and is_ray(pid, name):
-            seen[pid], new = start, new + 1
-    return new
-while not select.select([sys.stdin], [], [], 0.5)[0]:
-    look()
-sys.stdin.read()
-for _ in range(10):
-    look()
-    for pid, start in list(seen.items()):
-        try:
-            if stat(pid)[1] == start:  # the same process, not a reused pid
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, IndexError, ValueError):
-            pass
-    if not look():
-        break
-"""
-
-
 class EmbeddedRay:
     """A private Ray instance on this machine: loopback only, no dashboard, `num_cpus` logical CPUs.
     `stop()` shuts it down and has the reaper end any of its processes still alive; if this process dies
-    instead, or is interrupted during ray.init, the reaper ends them too (REAPER)."""
+    instead, or is interrupted during ray.init, the reaper ends them too (parallel/ray_reaper.py)."""
 
     def __init__(self, num_cpus: int, num_gpus: int | None = None):
-        self._reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid()), ray.__file__],
-                                        stdin=subprocess.PIPE, text=True)
+        self._reaper = _start_reaper()
         try:
             with _quiet_token_notice():
                 ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
@@ -181,6 +121,16 @@ class EmbeddedRay:
             if self._reaper.poll() is None:
                 self._reaper.stdin.close()  # EOF: it ends what is left of this Ray, then exits
                 self._reaper.wait(timeout=30)
+
+
+def _start_reaper() -> subprocess.Popen:
+    """The reaper of this process's embedded Ray (`python -m tp_runtime.parallel.ray_reaper`), its stdin a pipe
+    from here: closing it, or this process's death, tells it to end what is left. It runs the tp_runtime this
+    process imported, wherever that was found (its root leads the reaper's PYTHONPATH)."""
+    root = os.path.dirname(os.path.dirname(tp_runtime.__file__))
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "tp_runtime.parallel.ray_reaper", str(os.getpid()), ray.__file__],
+                            stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
 
 
 @contextmanager

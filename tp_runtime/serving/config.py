@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tp_runtime.bench.sweep_config import MODES
-from tp_runtime.config import ConfigError, RunConfig, _build, config_from_dict
+from tp_runtime.config import ConfigError, RunConfig, config_from_dict, from_mapping
 from tp_runtime.memory_fit import Budget, device_budget, device_type, refusal
 from tp_runtime.memory_model import rank_memory
 from tp_runtime.sweep_file import read_sweep_file
@@ -122,7 +122,7 @@ def _validated(name: str, base: dict, grid: dict, raw: dict, src: str) -> ServeC
     if unknown:
         raise ConfigError(f"{src}: unknown key 'serve.{unknown[0]}'; allowed keys under 'serve': {allowed}")
     lengths = {k: raw.pop(k) for k in LENGTH_KEYS if k in raw}
-    settings = _build(ServeSettings, raw, "serve", src)
+    settings = from_mapping(ServeSettings, raw, "serve", src)
     _check_settings(settings, src)
     for key in ("inputs", "dump"):
         if getattr(cfg.workload, key):

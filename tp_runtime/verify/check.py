@@ -23,9 +23,9 @@ import copy
 
 import torch
 
-from tp_runtime.config import RunConfig
+from tp_runtime.config import RunConfig, uses_fp8_weights
 from tp_runtime.engine.entry import in_process, launch
-from tp_runtime.executor.shard import resolve_dtype, uses_fp8_weights
+from tp_runtime.executor.shard import resolve_dtype
 from tp_runtime.engine.workload import build_workload
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import resolve_device, single_process

@@ -1,0 +1,105 @@
+"""The embedded Ray's reaper: ends every process of an embedded Ray that outlives it.
+
+    python -m tp_runtime.parallel.ray_reaper DRIVER_PID RAY_INIT_FILE     # stdin: a pipe from the driver
+
+Ray's own fate sharing ends the GCS, raylet and workers when the driver dies (SIGKILL), but its
+DashboardAgent and RuntimeEnvAgent first report the raylet's death to the dead GCS, with a fixed 60 s
+timeout; and a ray.init interrupted half-way (SIGINT, SIGTERM) leaves ray.shutdown() nothing to stop.
+The reaper notes the driver's descendants that are Ray's (by name, or by a command line inside the ray
+package, whose `__init__.py` is RAY_INIT_FILE; pid and start time, from /proc) twice a second while its
+stdin pipe from the driver is open. At EOF (the driver stopped Ray, failed to start it, or died) it looks
+once more and SIGKILLs those that still exist, until a look finds no new one.
+
+ray_launch.EmbeddedRay starts it. It imports nothing but the standard library (not Ray, not torch), so it
+is up and watching before ray.init starts anything.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+
+RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
+LOOK_EVERY_S = 0.5
+FINAL_LOOKS = 10  # at EOF: kill and look again while new Ray processes keep appearing, at most this often
+
+
+def stat(pid: int | str) -> tuple[int, str, str]:
+    """(parent pid, start time, name) of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    rest = text.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses: split after its last ')'
+    return int(rest[1]), rest[19], text[text.index("(") + 1:text.rindex(")")]
+
+
+def is_ray(pid: int, name: str, ray_code: str) -> bool:
+    """A process of Ray's: by its name, or by a command-line argument inside the ray package (`ray_code`):
+    its log monitor, agents and reaper run as plain python."""
+    if name.startswith(RAY_NAMES):
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return any(a.startswith(ray_code) for a in f.read().decode(errors="replace").split("\0"))
+    except OSError:
+        return False
+
+
+def descendants(driver: int) -> dict[int, tuple[str, str]]:
+    """Every live descendant of `driver` but this process: pid -> (start time, name)."""
+    procs = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            procs[int(d)] = stat(d)
+        except (OSError, IndexError, ValueError):  # ended while being read
+            pass
+    kids, todo = {}, [driver]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start, name) in procs.items():
+            if ppid == parent and pid != os.getpid() and pid not in kids:
+                kids[pid] = (start, name)
+                todo.append(pid)
+    return kids
+
+
+def look(driver: int, ray_code: str, seen: dict[int, str]) -> int:
+    """Note the driver's Ray descendants not yet in `seen` (pid -> start time); how many were new."""
+    new = 0
+    for pid, (start, name) in descendants(driver).items():
+        if pid not in seen and is_ray(pid, name, ray_code):
+            seen[pid], new = start, new + 1
+    return new
+
+
+def kill_seen(seen: dict[int, str]) -> None:
+    """SIGKILL every noted process that still exists (the same process, not a reused pid)."""
+    for pid, start in list(seen.items()):
+        try:
+            if stat(pid)[1] == start:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass
+
+
+def reap(driver: int, ray_code: str) -> None:
+    """Watch while stdin is open; at EOF end every Ray process of the driver's that is still there."""
+    seen: dict[int, str] = {}
+    while not select.select([sys.stdin], [], [], LOOK_EVERY_S)[0]:
+        look(driver, ray_code, seen)
+    sys.stdin.read()
+    for _ in range(FINAL_LOOKS):
+        look(driver, ray_code, seen)
+        kill_seen(seen)
+        if not look(driver, ray_code, seen):
+            break
+
+
+def main(argv: list[str]) -> None:
+    driver, ray_init = argv
+    reap(int(driver), os.path.dirname(ray_init) + os.sep)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
