@@ -16,12 +16,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tp_runtime"
 _ENTRY = ["cli", "engine", "serving", "verify", "bench", "sweep_file", "optional_plots"]
 _TOP_LEVEL = _ENTRY + ["memory_fit", "memory_model"]
 _BELOW_CONFIG = _TOP_LEVEL + ["graphs", "model", "ops", "weights", "executor", "parallel", "paths"]
-_OPS = [p for p in _BELOW_CONFIG if p != "ops"] + ["config", "config_yaml"]  # kernels take plain values
+# kernels take plain values; a refusal raises ConfigError from config_yaml, a bottom module like capability
+_OPS = [p for p in _BELOW_CONFIG if p != "ops"] + ["config"]
 
 # module or part -> parts and modules it must not import (by module prefix under tp_runtime); a module follows
 # the most specific entry that covers it.
 FORBIDDEN = {
-    "config_yaml": _BELOW_CONFIG + ["config"],
+    "capability": _BELOW_CONFIG + ["config", "config_yaml"],  # device probes: nothing of the project
+    "config_yaml": _BELOW_CONFIG + ["config", "capability"],
     "config": _BELOW_CONFIG,
     "graphs": [p for p in _BELOW_CONFIG if p != "graphs"] + ["config", "config_yaml"],
     "paths": [p for p in _BELOW_CONFIG if p != "paths"],  # output paths and the one file writer: config only
