@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from tp_runtime.bench.measure import allreduce_ms
@@ -17,9 +15,6 @@ from tp_runtime.bench.projection import LEFT_OUT
 from tp_runtime.bench.sweep_config import BenchSettings
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.parallel.peer_watch import PeerWatch
-
-if TYPE_CHECKING:
-    from tp_runtime.bench.lanes import Lane
 
 
 @dataclass
@@ -40,16 +35,6 @@ class BenchEnv:
             with self.log.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
         return records
-
-    def on(self, lane: Lane, fn: Callable[[], None]) -> None:
-        """Run fn for a lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
-        if not lane.baseline:
-            fn()
-            return
-        if self.tp.rank == 0:
-            fn()
-        if self.tp.size > 1:
-            dist.barrier(group=self.tp.cpu_group)
 
     def allreduce(self, tp: TPGroup, batch: int, hidden: int, dtype: torch.dtype) -> dict:
         """All-reduce latency of the step's message [batch, hidden] through a lane's group (its strategy);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,16 @@ class Lane:
     baseline: bool = False
     replayed: int = 0  # timed decode steps that replayed a graph
     finite: bool = True  # every output of the timed steps was finite
+
+    def on(self, tp: TPGroup, fn: Callable[[], None]) -> None:
+        """Run fn for this lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
+        if not self.baseline:
+            fn()
+            return
+        if tp.rank == 0:
+            fn()
+        if tp.size > 1:
+            dist.barrier(group=tp.cpu_group)
 
 
 def build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
