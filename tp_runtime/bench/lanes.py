@@ -5,8 +5,8 @@ their lanes continue the same sequences; `release_lanes` frees them before the n
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -96,7 +96,7 @@ def timed_steps(env: BenchEnv, lanes: list[Lane], batch: int,
     for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
         for lane in lanes:
             lane.on(env.tp, lambda: _keep(decode(lane, batch, s.timed_steps, s.seed), steps[lane.name],
-                                       host_ms[lane.name]))
+                                            host_ms[lane.name]))
     return steps, host_ms
 
 
