@@ -1,5 +1,5 @@
 """What every part of one rank's bench shares: the launch's group, the settings, the machine's facts, the
-partial log, the progress bar, the peer watch, and the all-reduce latencies measured so far."""
+partial log, the progress bar, the rank's session (peer watch, Workers), and the all-reduce latencies measured so far."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tqdm import tqdm
 from tp_runtime.bench.measure import allreduce_ms
 from tp_runtime.bench.projection import LEFT_OUT
 from tp_runtime.bench.sweep_config import BenchSettings
+from tp_runtime.engine.session import RankSession
 from tp_runtime.parallel.group import TPGroup
-from tp_runtime.parallel.peer_watch import PeerWatch
 
 
 @dataclass
@@ -24,7 +24,7 @@ class BenchEnv:
     machine: dict
     launcher: str
     name: str
-    watch: PeerWatch | None = None  # armed once a lane's all-reduce runs in symmetric memory
+    session: RankSession | None = None  # builds the lanes' Workers (the peer watch armed where they need it)
     bar: tqdm | None = None
     log: Path | None = None  # rank 0 appends every point's records here as soon as they exist
     allreduce_cache: dict = field(default_factory=dict)
