@@ -1,5 +1,6 @@
 """What every part of one rank's bench shares: the launch's group, the settings, the machine's facts, the
-partial log, the progress bar, the rank's session (peer watch, Workers), and the all-reduce latencies measured so far."""
+partial log, the progress bar, the rank's session (peer watch, Workers), and the all-reduce latencies measured
+so far."""
 
 from __future__ import annotations
 
