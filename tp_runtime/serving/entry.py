@@ -24,7 +24,7 @@ from tp_runtime.executor.timing import timer_name
 from tp_runtime.executor.worker import Worker
 from tp_runtime.serving.arrivals import ServeRequest, poisson_offsets
 from tp_runtime.serving.config import Load, ServeSettings
-from tp_runtime.serving.loop import Setting, SettingResult, run_setting
+from tp_runtime.serving.source import Setting, SettingResult, run_setting
 from tp_runtime.serving.metrics import setting_metrics
 
 
