@@ -19,10 +19,10 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, eager_steps_warning, load_config
+from tp_runtime.engine.command import rank_command
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.session import RankSession
-from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import run_on_ranks
 from tp_runtime.paths import check_output_file
 
@@ -80,17 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     SIGINT / SIGTERM (a Ctrl-C reaches the agent and every rank; the agent passes its own on) end a rank
     at once and without a traceback; torchrun's agent reports the signal.
     """
-    quiet_rank_exit()
-    try:
-        cfg = _torchrun_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return rank_command(lambda: _rank_config(sys.argv[1:] if argv is None else argv),
+                        lambda cfg: worker_entry(cfg.to_dict()), lambda cfg, result, _: report_and_status(cfg, result))
+
+
+def _rank_config(args: list[str]) -> RunConfig:
+    cfg = _torchrun_config(args)
     if os.environ.get("RANK") == "0" and (note := eager_steps_warning(cfg)):
         print(f"warning: {note}", file=sys.stderr, flush=True)
-    result = worker_entry(cfg.to_dict())
-    return report_and_status(cfg, result) if result is not None else 0
-
+    return cfg
 
 if __name__ == "__main__":
     sys.exit(main())
