@@ -25,7 +25,7 @@ from tp_runtime.serving.arrivals import (Arrival, ClosedLoop, OpenLoop, ServeReq
                                          draw_requests, parse_length, poisson_offsets, read_dataset)
 from tp_runtime.serving.config import load_serve
 from tp_runtime.serving.entry import round_order
-from tp_runtime.serving.loop import Setting, run_setting
+from tp_runtime.serving.source import Setting, run_setting
 from tp_runtime.serving.metrics import RequestTrace, over_rounds, setting_metrics
 
 SERVE_TINY = "configs/serve_tiny.yaml"

@@ -18,9 +18,9 @@ import json
 import sys
 
 from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config
+from tp_runtime.engine.command import interruptible, launch_command
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
-from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals
 from tp_runtime.parallel.launcher import check_launchable
 from tp_runtime.paths import check_output_file
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
@@ -78,18 +78,37 @@ def _validate_inputs(cfg: RunConfig) -> None:
     check_memory(cfg)  # each rank's weights, caches and workspace against its device's memory
 
 
-def _cmd_run(cfg: RunConfig) -> int:
+def _check_run(args: argparse.Namespace) -> RunConfig:
+    """`run` / `check`'s config, refused here (with the key or tensor named) unless it can start and run."""
+    cfg = load_config(args.config, args.overrides)
+    _check_startable(cfg, args.command)
+    _validate_inputs(cfg)
+    if note := eager_steps_warning(cfg):  # steps larger than every breakable graph: correct, but eager
+        print(f"warning: {note}", file=sys.stderr, flush=True)
+    return cfg
+
+
+def _launch_run(cfg: RunConfig):
     from tp_runtime.engine.entry import launch
+
+    return launch(cfg)
+
+
+def _finish_run(cfg: RunConfig, result, wall_s: float) -> int:
     from tp_runtime.engine.report import report_and_status
 
-    return report_and_status(cfg, launch(cfg))
+    return report_and_status(cfg, result)
 
 
-def _cmd_check(cfg: RunConfig) -> int:
-    from tp_runtime.engine.report import strict_json
+def _launch_check(cfg: RunConfig) -> dict:
     from tp_runtime.verify.check import run_check
 
-    rec = run_check(cfg)
+    return run_check(cfg)
+
+
+def _finish_check(cfg: RunConfig, rec: dict, wall_s: float) -> int:
+    from tp_runtime.engine.report import strict_json
+
     print(f"tp_runtime check: tp={rec['tp']} device={rec['device']} dtype={rec['dtype']} "
           f"graphs={rec['graph_mode']} requests={rec['requests']}")
     for name, c in rec["comparisons"].items():
@@ -115,13 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and (args.command != "write-checkpoint" or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides += extra
-    with on_signals():
-        try:
-            return _dispatch(args)
-        except KeyboardInterrupt as e:  # SIGINT / SIGTERM: what the command started was ended on the way up
-            stopped = from_keyboard_interrupt(e)
-            print(f"error: {stopped}", file=sys.stderr, flush=True)
-            return stopped.exit_status
+    return interruptible(lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -134,26 +147,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             from tp_runtime.serving.sweep import run_serve_bench
 
             return run_serve_bench(args.config, args.overrides)
-        cfg = load_config(args.config, args.overrides)
         if args.command == "write-checkpoint":
-            return _cmd_write_checkpoint(cfg, args.out_dir, args.files)
-        _check_startable(cfg, args.command)
-        _validate_inputs(cfg)
+            return _cmd_write_checkpoint(load_config(args.config, args.overrides), args.out_dir, args.files)
     except (ConfigError, InputError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if note := eager_steps_warning(cfg):  # steps larger than every breakable graph: correct, but eager
-        print(f"warning: {note}", file=sys.stderr, flush=True)
-    from tp_runtime.parallel.errors import LaunchError, LaunchRefused
-
-    try:
-        return _cmd_run(cfg) if args.command == "run" else _cmd_check(cfg)
-    except LaunchRefused as e:  # the cluster cannot hold the run: nothing was placed
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (LaunchError, CheckpointError) as e:  # a rank failed, or found its weights bad while loading
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    launch, finish = (_launch_run, _finish_run) if args.command == "run" else (_launch_check, _finish_check)
+    # a rank that found its weights bad while loading failed (1); a bad input before any rank started is refused (2)
+    return launch_command(lambda: _check_run(args), launch, finish, refusals=(InputError, CheckpointError),
+                          failures=(CheckpointError,))
 
 
 if __name__ == "__main__":

@@ -29,30 +29,27 @@ from tp_runtime.bench.points import prefill_check, run_point
 from tp_runtime.bench.projection import add_speedups
 from tp_runtime.bench.sweep_config import BenchSettings
 from tp_runtime.config import config_from_dict
+from tp_runtime.engine.session import RankSession
 from tp_runtime.executor.timing import timer_name
-from tp_runtime.parallel.group import TPGroup, group_from_env, shutdown
-from tp_runtime.parallel.peer_watch import PeerWatch
+from tp_runtime.parallel.group import TPGroup
 
 
 def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
     """Every rank: join the group (RANK set) or run tp = 1 here, run every group, return rank 0's records."""
     cfg = config_from_dict(cfg_dict)
-    p = cfg.parallel
-    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    env = None
-    try:
-        with PeerWatch(tp, p.timeout_s) as watch:  # a peer that stops answering is named, never waited on
-            env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), machine_info(tp, bench_dict), p.launcher,
-                           bench_dict["name"], watch)
+    with RankSession(cfg) as session:  # a peer that stops answering is named, never waited on
+        tp = session.tp
+        env = BenchEnv(tp, BenchSettings(**bench_dict["settings"]), machine_info(tp, bench_dict),
+                       cfg.parallel.launcher, bench_dict["name"], session)
+        try:
             _open_outputs(env, bench_dict.get("progress", {}))
             records: list[dict] = []
             for group in bench_dict["groups"]:
                 records += run_group(env, group)
             return add_speedups(records) if tp.rank == 0 else None
-    finally:
-        if env is not None and env.bar is not None:
-            env.bar.close()
-        shutdown(tp)
+        finally:
+            if env.bar is not None:
+                env.bar.close()
 
 
 def _open_outputs(env: BenchEnv, progress: dict) -> None:
@@ -98,4 +95,4 @@ def run_group(env: BenchEnv, group: dict) -> list[dict]:
             records += env.keep(prefill_check(env, group, [lane for lane in lanes if not lane.baseline]))
         return records
     finally:
-        release_lanes(lanes)
+        release_lanes(env, lanes)

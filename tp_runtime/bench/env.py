@@ -1,25 +1,21 @@
 """What every part of one rank's bench shares: the launch's group, the settings, the machine's facts, the
-partial log, the progress bar, the peer watch, and the all-reduce latencies measured so far."""
+partial log, the progress bar, the rank's session (peer watch, Workers), and the all-reduce latencies measured
+so far."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from tp_runtime.bench.measure import allreduce_ms
 from tp_runtime.bench.projection import LEFT_OUT
 from tp_runtime.bench.sweep_config import BenchSettings
+from tp_runtime.engine.session import RankSession
 from tp_runtime.parallel.group import TPGroup
-from tp_runtime.parallel.peer_watch import PeerWatch
-
-if TYPE_CHECKING:
-    from tp_runtime.bench.lanes import Lane
 
 
 @dataclass
@@ -29,7 +25,7 @@ class BenchEnv:
     machine: dict
     launcher: str
     name: str
-    watch: PeerWatch | None = None  # armed once a lane's all-reduce runs in symmetric memory
+    session: RankSession | None = None  # builds the lanes' Workers (the peer watch armed where they need it)
     bar: tqdm | None = None
     log: Path | None = None  # rank 0 appends every point's records here as soon as they exist
     allreduce_cache: dict = field(default_factory=dict)
@@ -40,16 +36,6 @@ class BenchEnv:
             with self.log.open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
         return records
-
-    def on(self, lane: Lane, fn: Callable[[], None]) -> None:
-        """Run fn for a lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
-        if not lane.baseline:
-            fn()
-            return
-        if self.tp.rank == 0:
-            fn()
-        if self.tp.size > 1:
-            dist.barrier(group=self.tp.cpu_group)
 
     def allreduce(self, tp: TPGroup, batch: int, hidden: int, dtype: torch.dtype) -> dict:
         """All-reduce latency of the step's message [batch, hidden] through a lane's group (its strategy);

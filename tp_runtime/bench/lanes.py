@@ -5,6 +5,7 @@ their lanes continue the same sequences; `release_lanes` frees them before the n
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from tp_runtime.bench.env import BenchEnv
 from tp_runtime.bench.projection import shard_group
 from tp_runtime.config import RunConfig, config_from_dict
-from tp_runtime.executor.worker import FaultyWorker, Worker
+from tp_runtime.executor.worker import Worker
 from tp_runtime.parallel.group import TPGroup, single_process
 
 
@@ -40,6 +41,16 @@ class Lane:
     replayed: int = 0  # timed decode steps that replayed a graph
     finite: bool = True  # every output of the timed steps was finite
 
+    def on(self, tp: TPGroup, fn: Callable[[], None]) -> None:
+        """Run fn for this lane: a baseline runs on rank 0 while the other ranks wait at a barrier."""
+        if not self.baseline:
+            fn()
+            return
+        if tp.rank == 0:
+            fn()
+        if tp.size > 1:
+            dist.barrier(group=tp.cpu_group)
+
 
 def build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
     """One Worker per mode (every rank) on one shard per weight format, then rank 0's tp = 1 baselines on
@@ -49,7 +60,7 @@ def build_lanes(env: BenchEnv, group: dict) -> list[Lane]:
         _add_main_lanes(env, group, lanes)
         _add_baselines(env, group, lanes)
     except BaseException:
-        release_lanes(lanes)
+        release_lanes(env, lanes)
         raise
     if env.tp.size > 1:
         dist.barrier(group=env.tp.cpu_group)  # nobody starts stepping while rank 0 still builds baselines
@@ -61,10 +72,7 @@ def _add_main_lanes(env: BenchEnv, group: dict, lanes: list[Lane]) -> None:
     for mode, d in group["workers"].items():
         cfg = config_from_dict(d, f"{env.name} {mode}")
         shard, seqs = shards.get(shard_key(cfg), (None, Seqs()))
-        worker_cls = FaultyWorker if cfg.parallel.fail_rank == env.tp.rank else Worker
-        worker = worker_cls(cfg, lane_group(env, group, cfg.parallel.allreduce), shard=shard)
-        if env.watch is not None and worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
-            env.watch.arm()
+        worker = env.session.worker(cfg, lane_group(env, group, cfg.parallel.allreduce), shard=shard)
         shards[shard_key(cfg)] = (worker.shard, seqs)
         lanes.append(Lane(mode, mode, worker, seqs))
 
@@ -96,11 +104,11 @@ def shard_key(cfg: RunConfig) -> tuple:
     return tuple(sorted(vars(cfg.runtime).items())) + allreduce
 
 
-def release_lanes(lanes: list[Lane]) -> None:
+def release_lanes(env: BenchEnv, lanes: list[Lane]) -> None:
     """Free graphs and memory of a group's Workers; the process group stays for the next group."""
     for lane in lanes:
         if lane.worker is not None:
-            lane.worker.release_graphs()
+            env.session.release(lane.worker)
         lane.worker = None
     gc.collect()
     if torch.cuda.is_available():

@@ -87,16 +87,16 @@ def timed_steps(env: BenchEnv, lanes: list[Lane], batch: int,
     every lane's block of timed steps; lane name -> per repeat, per step ms, and lane name -> host ms per step."""
     s = env.s
     for lane in {id(lane.seqs): lane for lane in reversed(lanes)}.values():  # the first lane of each Seqs
-        env.on(lane, lambda: fill_lane(lane, batch, context, s))
+        lane.on(env.tp, lambda: fill_lane(lane, batch, context, s))
     steps: dict[str, list[list[float]]] = {lane.name: [] for lane in lanes}
     host_ms: dict[str, list[float]] = {lane.name: [] for lane in lanes}
     for lane in lanes:
-        env.on(lane, lambda: decode(lane, batch, s.warmup_steps, s.seed))
+        lane.on(env.tp, lambda: decode(lane, batch, s.warmup_steps, s.seed))
         lane.replayed, lane.finite = 0, True  # count the timed steps only
     for _ in range(s.repeats):  # interleaved: every lane's block of steps, then the next repeat
         for lane in lanes:
-            env.on(lane, lambda: _keep(decode(lane, batch, s.timed_steps, s.seed), steps[lane.name],
-                                       host_ms[lane.name]))
+            lane.on(env.tp, lambda: _keep(decode(lane, batch, s.timed_steps, s.seed), steps[lane.name],
+                                            host_ms[lane.name]))
     return steps, host_ms
 
 

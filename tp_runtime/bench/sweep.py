@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -30,10 +29,9 @@ from tp_runtime.bench.entry import bench_entry, partial_log
 from tp_runtime.bench.report import OUTPUT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
 from tp_runtime.bench.sweep_memory import check_sweep_memory
-from tp_runtime.config import ConfigError, RunConfig
+from tp_runtime.config import RunConfig
+from tp_runtime.engine.command import Usage, launch_command, rank_command
 from tp_runtime.optional_plots import write_optional_plots
-from tp_runtime.parallel.errors import LaunchError, LaunchRefused
-from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
 from tp_runtime.paths import check_output_dir, write_text_atomic
 
@@ -102,31 +100,38 @@ def run_bench(config_path: str, overrides: list[str]) -> int:
     """The `bench` command: 0 on success; 2 on a bad sweep config or a launch refused before any rank started
     (each tp value's launch is checked as `run` checks its own; a Ray cluster that can never hold one); 1 when
     a rank fails."""
-    try:
-        sweep = load_sweep(config_path, overrides)
-        plan = launch_plan(sweep)
-        for cfg, _ in plan:  # the torchrun launcher; fault injection at tp = 1 (grid.parallel.tp)
-            check_launchable(cfg, torchrun_module="tp_runtime.bench")
-        check_sweep_memory(sweep)
-        check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
+    return launch_command(lambda: _checked_sweep(config_path, overrides), _launch_all,
+                          lambda checked, records, wall_s: _finished(checked[0], config_path, overrides, records,
+                                                                     wall_s))
+
+
+def _checked_sweep(config_path: str, overrides: list[str]) -> tuple[SweepConfig, list[tuple[RunConfig, dict]]]:
+    sweep = load_sweep(config_path, overrides)
+    plan = launch_plan(sweep)
+    for cfg, _ in plan:  # the torchrun launcher; fault injection at tp = 1 (grid.parallel.tp)
+        check_launchable(cfg, torchrun_module="tp_runtime.bench")
+    check_sweep_memory(sweep)
+    check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
+    return sweep, plan
+
+
+def _launch_all(checked: tuple[SweepConfig, list[tuple[RunConfig, dict]]]) -> list[dict]:
+    """One launch per tp value; the records so far written after each."""
+    sweep, plan = checked
     records: list[dict] = []
     write_text_atomic(partial_log(sweep.bench.output, sweep.name), "")  # a fresh, regular log for rank 0 to append to
-    try:
-        for cfg, bench_dict in plan:
-            records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
-            write_records(sweep, records)
-    except LaunchRefused as e:  # nothing of this launch was placed (the cluster can never hold it)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finish(sweep, config_path, overrides, records, time.perf_counter() - t0)
+    for cfg, bench_dict in plan:
+        records += run_on_ranks(cfg, bench_entry, bench_dict, torchrun_module="tp_runtime.bench") or []
+        write_records(sweep, records)
+    return records
+
+
+def _finished(sweep: SweepConfig, config: str, overrides: list[str], records: list[dict], wall_s: float) -> int:
+    finish(sweep, config, overrides, records, wall_s)
     return 0
+
+
+USAGE = "usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]"
 
 
 @record
@@ -134,27 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints. As under the
     run's entry (engine/entry.py), SIGINT / SIGTERM end a rank at once and without a traceback; the agent
     (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal."""
-    quiet_rank_exit()
     args = sys.argv[1:] if argv is None else argv
-    if not args or "RANK" not in os.environ:
-        print("usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]", file=sys.stderr)
-        return 2
-    world = int(os.environ["WORLD_SIZE"])
-    try:
-        sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
-        check_sweep_memory(sweep)
-        if os.environ["RANK"] == "0":  # rank 0 writes the results
-            check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    (cfg, bench_dict), = launch_plan(sweep)
-    records = bench_entry(cfg.to_dict(), bench_dict)
-    if records is not None:
-        finish(sweep, args[0], args[1:], records, time.perf_counter() - t0)
-    return 0
+    return rank_command(lambda: _rank_sweep(args), _run_rank,
+                        lambda sweep, records, wall_s: _finished(sweep, args[0], args[1:], records, wall_s))
 
+
+def _rank_sweep(args: list[str]) -> SweepConfig:
+    """The sweep at tp = WORLD_SIZE under torchrun; rank 0 (which writes the results) checks the output folder."""
+    if not args or "RANK" not in os.environ:
+        raise Usage(USAGE)
+    world = int(os.environ["WORLD_SIZE"])
+    sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+    check_sweep_memory(sweep)
+    if os.environ["RANK"] == "0":
+        check_output_dir(Path(sweep.bench.output) / sweep.name, "bench.output", OUTPUT_FILES)
+    return sweep
+
+
+def _run_rank(sweep: SweepConfig) -> list[dict] | None:
+    (cfg, bench_dict), = launch_plan(sweep)
+    return bench_entry(cfg.to_dict(), bench_dict)
 
 if __name__ == "__main__":
     sys.exit(main())

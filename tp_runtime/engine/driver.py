@@ -1,10 +1,17 @@
-"""The step loop every rank runs: rank 0 schedules and broadcasts each plan, all ranks step it.
+"""The plan loop every rank runs (PlanLoop), and `run`'s use of it (Driver, drive).
 
-Rank 0 also gathers what the report needs: per-request output checksums (and outputs when asked),
+PlanLoop: rank 0's plan source decides each message (executor/message.py: STEP a plan, IDLE a wait, DONE) and
+broadcasts it; every rank runs each step. The source is the scheduler for `run` (Driver) and arrivals plus the
+scheduler for `serve-bench` (serving/source.py); a step clock marks each step on every rank (`run`: its device
+time; `serve-bench`: its end, at most `in_flight` steps queued). An IDLE message: every rank sleeps the wait
+(ranks other than 0 end it PEER_EARLY_S early, to be at the broadcast first), so no rank sits in a collective
+meanwhile and an arrival far off cannot run into parallel.timeout_s; then rank 0 decides again.
+
+For `run`, rank 0 also gathers what the report needs: per-request output checksums (and outputs when asked),
 step timings from CUDA events (or the host clock on CPU), the host's own time per step, and the
 rejected requests.
 
-The loop never waits on the GPU for a decode step that replays a full graph: a step's inputs and
+`run`'s loop never waits on the GPU for a decode step that replays a full graph: a step's inputs and
 metadata reach the device through pinned buffers copied non_blocking (`executor/staging.py`), the
 checksum accumulates on the device, the step timer records CUDA events and reads them once at the end,
 and the plan broadcast goes over the CPU (gloo) group. So the host schedules step k+1 (and at tp > 1
@@ -21,16 +28,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from safetensors import SafetensorError
 
-from tp_runtime.executor.plan import StepPlan
 from tp_runtime.engine.scheduler import Rejection, Scheduler
+from tp_runtime.engine.workload import Workload, build_workload, write_dump
+from tp_runtime.executor.message import DONE, IDLE, Message
+from tp_runtime.executor.plan import StepPlan
 from tp_runtime.executor.timing import HostLaps, StepTimer
 from tp_runtime.executor.worker import StepRun, Worker
-from tp_runtime.engine.workload import build_workload, write_dump
+
+PEER_EARLY_S = 0.002  # ranks other than 0 end an idle wait this much early, to be at the broadcast first
+HOST_PARTS = ("schedule", "inputs", "step", "account")  # HostLaps parts of one loop iteration (README)
 
 
 @dataclass
@@ -79,7 +92,105 @@ class RunResult:
         return {p: statistics.median(v) for p, v in self.host_ms_by_part.items() if v}
 
 
-HOST_PARTS = ("schedule", "inputs", "step", "account")  # HostLaps parts of one loop iteration (README)
+class PlanSource(Protocol):
+    """Rank 0's side of the loop: each turn's message, and what each launched step gave."""
+
+    def next_message(self, now_s: float) -> Message:
+        """The next message; now_s: the clock's host seconds."""
+
+    def stepped(self, plan: StepPlan, out: torch.Tensor, run: StepRun, step: int) -> None:
+        """A launched step (its index on the clock): its outputs [n_tokens, hidden] and how it ran."""
+
+
+class StepClock(Protocol):
+    """Every rank's marks around each step of the loop."""
+
+    def now(self) -> float:
+        """Host seconds since the loop's zero (what rank 0's source reads)."""
+
+    def wait_turn(self) -> None:
+        """Before a step's inputs: may wait for an earlier step to end."""
+
+    def begin(self) -> None:
+        """The step is about to be launched."""
+
+    def mark(self) -> int:
+        """The step was launched; returns its index."""
+
+
+class PlanLoop:
+    """One rank's loop over rank 0's messages: `next_plan`, `step` it, ... until None. Host time per step is
+    lapped by part (HOST_PARTS): schedule (rank 0's source, the broadcast), inputs (`Workload.step_inputs`), step
+    (`Worker.step`: buffer loads and the replay or eager launch), account (rank 0's source hears of the step),
+    each less what `blocked` (seconds the host waited on the GPU, a running total) grew by in it."""
+
+    def __init__(self, worker: Worker, source: PlanSource | None, inputs: Workload, clock: StepClock,
+                 blocked: Callable[[], float] = lambda: 0.0):
+        self.worker, self.source, self.inputs, self.clock = worker, source, inputs, clock
+        self.capacity = worker.cfg.runtime.max_seqs
+        self.laps = HostLaps(HOST_PARTS, blocked)
+        self.idle_waits = 0
+
+    def next_plan(self) -> StepPlan | None:
+        """The next step's plan, the same on every rank (idle waits slept through); None: done."""
+        while True:
+            self.laps.restart()
+            msg = self._message()
+            self.laps.lap("schedule")
+            if msg.kind != IDLE:
+                return None if msg.kind == DONE else msg.plan
+            self.idle_waits += 1
+            time.sleep(msg.wait_s if self.source is not None else max(0.0, msg.wait_s - PEER_EARLY_S))
+
+    def _message(self) -> Message:
+        """Rank 0 asks its source and broadcasts; every rank returns the same message."""
+        if self.source is not None:
+            wire = self.source.next_message(self.clock.now()).encode(self.capacity)
+        else:
+            wire = torch.empty(Message.size(self.capacity), dtype=torch.long)
+        self.worker.tp.broadcast_from_driver(wire)
+        return Message.decode(wire)
+
+    def step(self, plan: StepPlan) -> None:
+        """Run one step and tell rank 0's source. Waits on the device only where the clock or the source does."""
+        w = self.worker
+        self.clock.wait_turn()
+        x = self.inputs.step_inputs(plan, w.device, w.dtype)
+        self.laps.lap("inputs")
+        self.clock.begin()
+        out, run = w.step(plan, x)
+        k = self.clock.mark()
+        self.laps.lap("step")
+        if self.source is not None:
+            self.source.stepped(plan, out, run, k)
+        self.laps.lap("account")
+        self.laps.end_step()
+
+    def run(self) -> None:
+        """Every step until DONE."""
+        while (plan := self.next_plan()) is not None:
+            self.step(plan)
+
+
+class StepTimes:
+    """`run`'s step clock: each step's device time from its launch to its end (StepTimer); it never waits."""
+
+    def __init__(self, device: torch.device):
+        self.timer, self._t0 = StepTimer(device), None
+        self._zero = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._zero
+
+    def wait_turn(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        self._t0 = self.timer.now()
+
+    def mark(self) -> int:
+        self.timer.stop(self._t0)
+        return len(self.timer.marks) - 1
 
 
 def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> RunResult | None:
@@ -91,12 +202,12 @@ def drive(worker: Worker, oneshot: bool = False, keep_outputs: bool = False) -> 
 
 
 class Driver:
-    """One rank's run of a workload, a step at a time: `next_plan`, `step` it, ... until None, `finish`.
+    """One rank's run of a workload on the plan loop, a step at a time: `next_plan`, `step` it, ... until None,
+    `finish`. On rank 0 it is the loop's plan source: the scheduler decides, and each step is accounted for
+    (counts, the checksum on the device, outputs when kept, completion).
 
     `drive` is exactly that loop; tests run it by hand to check a stretch of its steps
-    (tests/test_sync_free_gpu.py). Host time per step is lapped by part (HOST_PARTS): schedule (rank 0's
-    scheduler, the plan broadcast), inputs (`Workload.step_inputs`), step (`Worker.step`: buffer loads and
-    the replay or eager launch), account (checksum launch, counts, completion), each less the time the
+    (tests/test_sync_free_gpu.py). The host's own time per step is lapped by part (PlanLoop), less the time the
     host waited for a pinned buffer (the GPU) and, with outputs kept, for the outputs.
     """
 
@@ -111,8 +222,9 @@ class Driver:
                              streams=worker.stack.streams, load=worker.load_report, allreduce=worker.allreduce_report)
         self._parts: dict[int, list[torch.Tensor]] = {}
         self._checksum = torch.zeros((), dtype=torch.float64, device=worker.device)
-        self._timer, self._decode_steps = StepTimer(worker.device), []
-        self._laps = HostLaps(HOST_PARTS, self._host_wait_s)
+        self._times, self._decode_steps, self._collect_s = StepTimes(worker.device), [], 0.0
+        self.loop = PlanLoop(worker, self if worker.tp.rank == 0 else None, self.workload, self._times,
+                             lambda: self._host_wait_s() + self._collect_s)
         self._t_start = time.perf_counter()
 
     def _host_wait_s(self) -> float:
@@ -120,43 +232,39 @@ class Driver:
 
     def next_plan(self) -> StepPlan | None:
         """The next step's plan, the same on every rank (rank 0 schedules and broadcasts); None: done."""
-        self._laps.restart()
-        plan = _next_plan(self.sched, self.worker.tp, self.worker.cfg.runtime.max_seqs)
-        self._laps.lap("schedule")
-        return plan
+        return self.loop.next_plan()
 
     def step(self, plan: StepPlan) -> None:
         """Run one step and account for it. Queues device work and waits on none of it, except to copy
         the step's outputs to the host when they are kept."""
-        w = self.worker
-        x = self.workload.step_inputs(plan, w.device, w.dtype)
-        self._laps.lap("inputs")
-        t0 = self._timer.now()
-        out, run = w.step(plan, x)
-        self._timer.stop(t0)
-        self._laps.lap("step")
+        self.loop.step(plan)
+
+    # ------------------------------------------------------------ the plan source (rank 0)
+
+    def next_message(self, now_s: float) -> Message:
+        plan = self.sched.next_plan()
+        return Message.step(plan) if plan is not None else Message(DONE)
+
+    def stepped(self, plan: StepPlan, out: torch.Tensor, run: StepRun, step: int) -> None:
         self._decode_steps.append(plan.decode_only)
         _count(self.res, plan, run)
-        if self.sched is not None:
-            self._checksum += out.double().abs().sum()  # on the device: read once, in finish
-            if self.keep:
-                self._laps.lap("account")
-                _collect(self._parts, plan, out)  # .cpu(): waits for this step; not the host's own time
-                self._laps.restart()
-            self.sched.complete(plan)
-        self._laps.lap("account")
-        self._laps.end_step()
+        self._checksum += out.double().abs().sum()  # on the device: read once, in finish
+        if self.keep:
+            t = time.perf_counter()
+            _collect(self._parts, plan, out)  # .cpu(): waits for this step; not the host's own time
+            self._collect_s += time.perf_counter() - t
+        self.sched.complete(plan)
 
     def finish(self) -> RunResult | None:
         """Read the timings (one synchronize), write the dump; rank 0's result, None elsewhere."""
-        durations = self._timer.durations_ms()
-        res, sched = self.res, self.sched
+        durations = self._times.timer.durations_ms()
+        res, sched, laps = self.res, self.sched, self.loop.laps
         res.wall_s = time.perf_counter() - self._t_start
         if sched is None:
             return None
         res.step_ms = durations
         res.decode_step_ms = [d for d, dec in zip(durations, self._decode_steps) if dec]
-        res.host_ms, res.host_ms_by_part = self._laps.totals_ms(), self._laps.parts
+        res.host_ms, res.host_ms_by_part = laps.totals_ms(), laps.parts
         res.host_decode_ms = [h for h, dec in zip(res.host_ms, self._decode_steps) if dec]
         res.host_wait_s = self._host_wait_s()
         res.output_checksum = float(self._checksum)
@@ -171,15 +279,6 @@ class Driver:
             except (OSError, SafetensorError) as e:
                 res.errors.append(f"workload.dump={dump}: writing the dump failed: {e}")
         return res
-
-
-def _next_plan(sched: Scheduler | None, tp, capacity: int) -> StepPlan | None:
-    """Rank 0 decides the next step and broadcasts it; every rank returns the same plan (None: done)."""
-    wire = torch.full((1 + StepPlan.FIELDS * capacity,), -1, dtype=torch.long)
-    if sched is not None and (plan := sched.next_plan()) is not None:
-        wire = plan.encode(capacity)
-    tp.broadcast_from_driver(wire)
-    return None if int(wire[0]) < 0 else StepPlan.decode_wire(wire)
 
 
 def _count(res: RunResult, plan: StepPlan, run: StepRun) -> None:

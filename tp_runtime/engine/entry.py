@@ -19,18 +19,16 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, eager_steps_warning, load_config
+from tp_runtime.engine.command import rank_command
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
-from tp_runtime.executor.worker import FaultyWorker, Worker
-from tp_runtime.parallel.group import group_from_env, shutdown
-from tp_runtime.parallel.interrupt import quiet_rank_exit
+from tp_runtime.engine.session import RankSession
 from tp_runtime.parallel.launcher import run_on_ranks
-from tp_runtime.parallel.peer_watch import PeerWatch
 from tp_runtime.paths import check_output_file
 
 
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
-    """What every launcher runs on each rank: join the group, build a Worker, drive the workload.
+    """What every launcher runs on each rank: join the group, build a Worker, drive the workload (session.py).
 
     Returns the driver's result on rank 0 and None elsewhere. When a collective fails because a peer
     stopped answering (its heartbeat stopped), the error names that peer; one on this machine is
@@ -39,21 +37,9 @@ def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = Fal
     silent for parallel.timeout_s ends this rank the same way, even while it is blocked on the device.
     """
     cfg = config_from_dict(cfg_dict)
-    p = cfg.parallel
-    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    worker = None
-    try:
-        with PeerWatch(tp, p.timeout_s) as watch:
-            worker_cls = FaultyWorker if p.fail_rank == tp.rank else Worker
-            worker = worker_cls(cfg, tp, oneshot=oneshot)
-            if worker.tp.allreduce is not None and worker.tp.allreduce.uses_symm:
-                watch.arm()
-            return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
-    finally:
-        if worker is not None:
-            worker.close()
-        else:
-            shutdown(tp)
+    with RankSession(cfg) as session:
+        worker = session.worker(cfg, oneshot=oneshot)
+        return drive(worker, oneshot=oneshot, keep_outputs=keep_outputs)
 
 
 def launch(cfg: RunConfig, oneshot: bool = False, keep_outputs: bool = False) -> RunResult:
@@ -94,17 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     SIGINT / SIGTERM (a Ctrl-C reaches the agent and every rank; the agent passes its own on) end a rank
     at once and without a traceback; torchrun's agent reports the signal.
     """
-    quiet_rank_exit()
-    try:
-        cfg = _torchrun_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return rank_command(lambda: _rank_config(sys.argv[1:] if argv is None else argv),
+                        lambda cfg: worker_entry(cfg.to_dict()), lambda cfg, result, _: report_and_status(cfg, result))
+
+
+def _rank_config(args: list[str]) -> RunConfig:
+    cfg = _torchrun_config(args)
     if os.environ.get("RANK") == "0" and (note := eager_steps_warning(cfg)):
         print(f"warning: {note}", file=sys.stderr, flush=True)
-    result = worker_entry(cfg.to_dict())
-    return report_and_status(cfg, result) if result is not None else 0
-
+    return cfg
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,16 +32,21 @@ class StepPlan:
     def decode_only(self) -> bool:
         return bool(self.chunks) and all(c.decode for c in self.chunks)
 
-    # Wire format for the driver's broadcast: [n_chunks, then 5 ints per chunk], fixed capacity.
+    # Wire format inside the driver's broadcast (executor/message.py): [n_chunks, then 5 ints per chunk], fixed
+    # capacity.
     FIELDS = 5
 
     def encode(self, capacity: int) -> torch.Tensor:
+        return torch.tensor(self.wire_list(capacity), dtype=torch.long)
+
+    def wire_list(self, capacity: int) -> list[int]:
+        """The wire as one list (then one tensor: no tensor op per chunk)."""
         if len(self.chunks) > capacity:
             raise ValueError(f"plan has {len(self.chunks)} chunks, capacity {capacity}")
-        wire = [len(self.chunks)]  # built as one list, then one tensor: no tensor op per chunk
+        wire = [len(self.chunks)]
         for c in self.chunks:
             wire += (c.request, c.slot, c.start, c.length, int(c.decode))
-        return torch.tensor(wire + [0] * (self.FIELDS * (capacity - len(self.chunks))), dtype=torch.long)
+        return wire + [0] * (self.FIELDS * (capacity - len(self.chunks)))
 
     @classmethod
     def decode_wire(cls, t: torch.Tensor) -> "StepPlan":

@@ -16,7 +16,7 @@ How a step runs (`graph.mode`), decided from the plan alone, so every rank takes
                                                          graph.capture_sizes and breakable_capture_sizes),
                                                          else eagerly
 
-Every launcher runs it through `entry.worker_entry`.
+Every command builds its Workers through `engine/session.py` (RankSession).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     clock = StepClock(device, in_flight=2)
     clock.start()                      # t = 0: the device drained, a reference event, the host clock
-    clock.wait_turn(); worker.step(...); k = clock.mark()     # per step
+    clock.wait_turn(); worker.step(...); k = clock.mark()     # per step (engine/driver.py's PlanLoop)
     ends = clock.end_times()           # seconds after t = 0 at which each step's work was done
 
 On a GPU every step gets an event recorded after its work on the current stream; `ref.elapsed_time(ev)` maps
@@ -52,6 +52,9 @@ class StepClock:
         """Block until step k - in_flight is done, k being the step about to be launched (GPU only)."""
         if self.cuda and len(self._events) >= self.in_flight:
             self._events[-self.in_flight].synchronize()
+
+    def begin(self) -> None:
+        """Nothing to mark as a step is launched: its end is what counts (the plan loop's clock shape)."""
 
     def mark(self) -> int:
         """The end of the step just launched; returns its index."""

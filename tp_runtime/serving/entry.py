@@ -18,37 +18,31 @@ import sys
 from tqdm import tqdm
 
 from tp_runtime.config import config_from_dict
+from tp_runtime.engine.session import RankSession
 from tp_runtime.engine.workload import Workload
 from tp_runtime.executor.timing import timer_name
-from tp_runtime.executor.worker import FaultyWorker, Worker
-from tp_runtime.parallel.group import TPGroup, group_from_env, shutdown
-from tp_runtime.parallel.peer_watch import PeerWatch
+from tp_runtime.executor.worker import Worker
 from tp_runtime.serving.arrivals import ServeRequest, poisson_offsets
 from tp_runtime.serving.config import Load, ServeSettings
-from tp_runtime.serving.loop import Setting, SettingResult, run_setting
+from tp_runtime.serving.source import Setting, SettingResult, run_setting
 from tp_runtime.serving.metrics import setting_metrics
 
 
 def serve_entry(cfg_dict: dict, plan: dict) -> list[dict] | None:
     """Every rank: join the group (RANK set) or run tp = 1 here, build the Workers, run warm-ups and rounds."""
     cfg = config_from_dict(cfg_dict)
-    p = cfg.parallel
-    tp = group_from_env(cfg.runtime.device, p.backend, p.timeout_s)
-    workers: dict[str, Worker] = {}
-    bar = None
-    try:
-        with PeerWatch(tp, p.timeout_s) as watch:
-            _build_workers(plan, tp, watch, workers)
-            s = ServeSettings(**plan["serve"])
-            bar = tqdm(total=s.repeats * len(plan["settings"]) + len(workers) * bool(s.warmup_requests),
-                       unit="setting", file=sys.stderr, desc=f"serve-bench {plan['name']}", disable=tp.rank != 0,
-                       dynamic_ncols=True)
-            records = _run_rounds(plan, s, workers, tp.rank == 0, bar)
-            return records if tp.rank == 0 else None
-    finally:
-        if bar is not None:
+    with RankSession(cfg) as session:
+        workers = _build_workers(plan, session)
+        s = ServeSettings(**plan["serve"])
+        rank0 = session.tp.rank == 0
+        bar = tqdm(total=s.repeats * len(plan["settings"]) + len(workers) * bool(s.warmup_requests),
+                   unit="setting", file=sys.stderr, desc=f"serve-bench {plan['name']}", disable=not rank0,
+                   dynamic_ncols=True)
+        try:
+            records = _run_rounds(plan, s, workers, rank0, bar)
+        finally:
             bar.close()
-        _close(tp, workers)
+        return records if rank0 else None
 
 
 def _run_rounds(plan: dict, s: ServeSettings, workers: dict[str, Worker], rank0: bool, bar: tqdm) -> list[dict]:
@@ -73,28 +67,16 @@ def _run_rounds(plan: dict, s: ServeSettings, workers: dict[str, Worker], rank0:
     return records
 
 
-def _build_workers(plan: dict, tp: TPGroup, watch: PeerWatch, workers: dict[str, Worker]) -> None:
-    """One Worker per mode, into `workers` as they are built (the caller frees them on any failure); the first
+def _build_workers(plan: dict, session: RankSession) -> dict[str, Worker]:
+    """One Worker per mode, held by the session as they are built (it frees them on any failure); the first
     builds the shard (and the group's all-reduce), the others capture their graphs on it."""
+    workers: dict[str, Worker] = {}
     shard = None
     for mode, d in plan["workers"].items():
         cfg = config_from_dict(d, f"{plan['name']} {mode}")
-        worker_cls = FaultyWorker if cfg.parallel.fail_rank == tp.rank else Worker
-        w = worker_cls(cfg, tp if shard is None else shard.tp, shard=shard)
+        w = session.worker(cfg, None if shard is None else shard.tp, shard=shard)
         workers[mode], shard = w, w.shard
-        if w.tp.allreduce is not None and w.tp.allreduce.uses_symm:
-            watch.arm()
-
-
-def _close(tp: TPGroup, workers: dict[str, Worker]) -> None:
-    """Free every Worker's graphs, then leave the group (through the group that carries the all-reduce)."""
-    group = next(iter(workers.values())).tp if workers else tp
-
-    def release() -> None:
-        for w in workers.values():
-            w.release_graphs()
-
-    shutdown(group, release)
+    return workers
 
 
 def round_order(settings: list[dict], r: int, n_modes: int) -> list[dict]:

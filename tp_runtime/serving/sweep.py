@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tp_runtime.config import ConfigError
+from tp_runtime.engine.command import Usage, launch_command, rank_command
 from tp_runtime.optional_plots import write_optional_plots
-from tp_runtime.parallel.errors import LaunchError, LaunchRefused
-from tp_runtime.parallel.interrupt import quiet_rank_exit
 from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
 from tp_runtime.paths import check_output_dir
 from tp_runtime.serving.config import ServeConfig, check_serve_memory, load_serve
@@ -65,25 +62,18 @@ def finish(sc: ServeConfig, config: str, overrides: list[str], rounds: list[dict
 def run_serve_bench(config_path: str, overrides: list[str]) -> int:
     """The `serve-bench` command: 0 on success; 2 on a bad config or a launch refused before any rank started;
     1 when a rank fails or a setting's outputs turned non-finite."""
-    try:
-        sc = load_serve(config_path, overrides)
-        cfg = sc.worker_config(sc.modes[0])
-        check_launchable(cfg, torchrun_module=MODULE)
-        check_serve_memory(sc)
-        check_output_dir(out_dir(sc), "serve.output", OUTPUT_FILES)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    try:
-        rounds = run_on_ranks(cfg, serve_entry, sc.plan(), torchrun_module=MODULE)
-    except LaunchRefused as e:  # nothing was placed (the cluster can never hold it)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return finish(sc, config_path, overrides, rounds, time.perf_counter() - t0)
+    return launch_command(lambda: _checked(config_path, overrides),
+                          lambda sc: run_on_ranks(sc.worker_config(sc.modes[0]), serve_entry, sc.plan(),
+                                                  torchrun_module=MODULE),
+                          lambda sc, rounds, wall_s: finish(sc, config_path, overrides, rounds, wall_s))
+
+
+def _checked(config_path: str, overrides: list[str]) -> ServeConfig:
+    sc = load_serve(config_path, overrides)
+    check_launchable(sc.worker_config(sc.modes[0]), torchrun_module=MODULE)
+    check_serve_memory(sc)
+    check_output_dir(out_dir(sc), "serve.output", OUTPUT_FILES)
+    return sc
 
 
 USAGE = ("usage: python -m tp_runtime.parallel.torchrun_main [--standalone | --nnodes N --node-rank K "
@@ -95,23 +85,22 @@ USAGE = ("usage: python -m tp_runtime.parallel.torchrun_main [--standalone | --n
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the benchmark at tp = WORLD_SIZE; rank 0 writes and prints. SIGINT /
     SIGTERM end a rank at once and without a traceback, as under the run's entry (engine/entry.py)."""
-    quiet_rank_exit()
     args = sys.argv[1:] if argv is None else argv
-    if not args or args[0].startswith("-") or "RANK" not in os.environ:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        sc = load_serve(args[0], args[1:] + ["parallel.launcher=torchrun", f"parallel.tp={os.environ['WORLD_SIZE']}"])
-        check_serve_memory(sc)
-        if os.environ["RANK"] == "0":  # rank 0 writes the results, on its machine
-            check_output_dir(out_dir(sc), "serve.output", OUTPUT_FILES)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    rounds = serve_entry(sc.worker_config(sc.modes[0]).to_dict(), sc.plan())
-    return finish(sc, args[0], args[1:], rounds, time.perf_counter() - t0) if rounds is not None else 0
+    return rank_command(lambda: _rank_config(args),
+                        lambda sc: serve_entry(sc.worker_config(sc.modes[0]).to_dict(), sc.plan()),
+                        lambda sc, rounds, wall_s: finish(sc, args[0], args[1:], rounds, wall_s))
 
+
+def _rank_config(args: list[str]) -> ServeConfig:
+    """The benchmark at tp = WORLD_SIZE under torchrun; rank 0 (which writes the results) checks the output
+    folder, on its machine."""
+    if not args or args[0].startswith("-") or "RANK" not in os.environ:
+        raise Usage(USAGE)
+    sc = load_serve(args[0], args[1:] + ["parallel.launcher=torchrun", f"parallel.tp={os.environ['WORLD_SIZE']}"])
+    check_serve_memory(sc)
+    if os.environ["RANK"] == "0":
+        check_output_dir(out_dir(sc), "serve.output", OUTPUT_FILES)
+    return sc
 
 if __name__ == "__main__":
     sys.exit(main())

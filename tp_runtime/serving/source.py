@@ -1,16 +1,11 @@
-"""One setting's step loop on every rank: rank 0 admits the requests that have arrived, schedules, and
-broadcasts each message; every rank runs it; rank 0 notes which step emitted which request's tokens.
+"""serve-bench's plan source (arrivals plus the scheduler) and one setting's run on the engine's plan loop: rank 0
+admits the requests that have arrived, schedules, and notes which step emitted which request's tokens.
 
     result = run_setting(worker, tp, Setting(requests, concurrency=4 | offsets=[...]), inputs, in_flight)
 
-Messages go from rank 0 over the CPU group, as engine/driver.py's plans do: an int64 tensor
-[kind, wait_us, plan wire (StepPlan.encode at runtime.max_seqs chunks)].
-
-    STEP   every rank runs the plan
-    IDLE   nothing runs and the next request arrives in wait_us: every rank sleeps that long and then meets
-           at the next message (no rank sits in a collective meanwhile, so an arrival far off cannot run into
-           parallel.timeout_s, and nobody spins); rank 0 then admits what has arrived
-    DONE   every request has finished
+Rank 0's message each turn (executor/message.py): STEP a plan; IDLE when nothing runs and the next request
+arrives in wait_us (every rank sleeps, engine/driver.py), after which rank 0 admits what has arrived; DONE when
+every request has finished.
 
 A request's first token is done at the end of the step that processed its last prompt token, each later token
 at the end of its decode step (clock.py: events, no per-step synchronize). Slots come from a fresh scheduler
@@ -20,24 +15,21 @@ per setting (SlotPool; stale cache rows are masked by positions).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from tp_runtime.engine.driver import PlanLoop
 from tp_runtime.engine.scheduler import Scheduler
 from tp_runtime.engine.workload import Request, Workload
+from tp_runtime.executor.message import DONE, Message
 from tp_runtime.executor.plan import StepPlan
-from tp_runtime.executor.worker import Worker
+from tp_runtime.executor.worker import StepRun, Worker
 from tp_runtime.parallel.group import TPGroup
 from tp_runtime.serving.arrivals import Arrival, ClosedLoop, OpenLoop, ServeRequest
 from tp_runtime.serving.clock import StepClock
 from tp_runtime.serving.metrics import RequestTrace
-
-STEP, IDLE, DONE = 0, 1, 2
-HEADER = 2  # kind, wait_us
-PEER_EARLY_S = 0.002  # ranks other than 0 end an idle wait this much early, to be at the broadcast first
 
 
 @dataclass(frozen=True)
@@ -69,10 +61,10 @@ class SettingResult:
         return hashlib.sha256(repr(self.order).encode()).hexdigest()[:16]
 
 
-class _Rank0:
-    """Rank 0's side: arrivals -> scheduler -> the next message; what each step emitted."""
+class ArrivalSource:
+    """Rank 0's plan source: arrivals -> scheduler -> the next message; what each step emitted, counted."""
 
-    def __init__(self, w: Worker, setting: Setting):
+    def __init__(self, w: Worker, setting: Setting, res: SettingResult):
         rt = w.cfg.runtime
         self.sched = Scheduler([], rt.max_seqs, rt.max_len, rt.max_tokens_per_step, rt.prefill_chunk)
         self.source = (ClosedLoop(setting.requests, setting.concurrency) if setting.concurrency is not None
@@ -80,21 +72,25 @@ class _Rank0:
         self.requests = {r.id: r for r in setting.requests}
         self.arrivals: dict[int, Arrival] = {}
         self.token_steps: dict[int, list[int]] = {r.id: [] for r in setting.requests}
-        self.capacity = rt.max_seqs
+        self.res = res
+        self.finite = torch.ones((), dtype=torch.bool, device=w.device)
 
-    def next_message(self, now_s: float, res: SettingResult) -> torch.Tensor:
+    def next_message(self, now_s: float) -> Message:
+        res = self.res
         for req, arrival in self.source.due(now_s):
             self.sched.submit(Request(req.id, req.prompt_len, req.output_len - 1))
             self.arrivals[req.id] = arrival
             res.order.append(req.id)
         if (plan := self.sched.next_plan()) is not None:
             res.max_running = max(res.max_running, len(self.sched.running))
-            return _wire(self.capacity, STEP, plan=plan)
+            return Message.step(plan)
         nxt = self.source.next_at()
-        return _wire(self.capacity, DONE) if nxt is None else _wire(self.capacity, IDLE, max(0.0, nxt - now_s))
+        return Message(DONE) if nxt is None else Message.idle(max(0.0, nxt - now_s))
 
-    def stepped(self, plan: StepPlan, step: int) -> None:
-        """A launched step: the tokens it emits, then the scheduler and the closed loop move on."""
+    def stepped(self, plan: StepPlan, out: torch.Tensor, run: StepRun, step: int) -> None:
+        """A launched step: counted, the tokens it emits, then the scheduler and the closed loop move on."""
+        self.finite &= out.isfinite().all()  # on the device: read once at the end
+        _count(self.res, plan, run)
         for c in plan.chunks:
             if c.decode or c.start + c.length == self.requests[c.request].prompt_len:
                 self.token_steps[c.request].append(step)
@@ -108,52 +104,27 @@ class _Rank0:
                 for r in self.requests.values() if r.id in self.arrivals]
 
 
-def _wire(capacity: int, kind: int, wait_s: float = 0.0, plan: StepPlan | None = None) -> torch.Tensor:
-    wire = torch.zeros(HEADER + 1 + StepPlan.FIELDS * capacity, dtype=torch.long)
-    wire[0], wire[1] = kind, math.ceil(wait_s * 1e6)  # up: rank 0 wakes at or after the arrival
-    if plan is not None:
-        wire[HEADER:] = plan.encode(capacity)
-    return wire
-
-
 def run_setting(w: Worker, tp: TPGroup, setting: Setting | None, inputs: Workload,
                 in_flight: int) -> SettingResult | None:
     """Every rank: step what rank 0 broadcasts until DONE, each step's input rows from `inputs` (hidden states
     by (seed, request, position)). Rank 0 (which alone needs `setting`) returns the result, the others None."""
-    rank0 = _Rank0(w, setting) if tp.rank == 0 else None
     res = SettingResult([])
+    rank0 = ArrivalSource(w, setting, res) if tp.rank == 0 else None
     clock = StepClock(w.device, in_flight)
-    finite = torch.ones((), dtype=torch.bool, device=w.device)
+    loop = PlanLoop(w, rank0, inputs, clock)
     t_wall = time.perf_counter()
     clock.start()
-    while True:
-        wire = rank0.next_message(clock.now(), res) if rank0 else _wire(w.cfg.runtime.max_seqs, DONE)
-        tp.broadcast_from_driver(wire)
-        kind, wait_s = int(wire[0]), int(wire[1]) / 1e6
-        if kind == DONE:
-            break
-        if kind == IDLE:
-            res.idle_waits += 1
-            time.sleep(wait_s if rank0 else max(0.0, wait_s - PEER_EARLY_S))
-            continue
-        plan = StepPlan.decode_wire(wire[HEADER:])
-        clock.wait_turn()
-        out, ran = w.step(plan, inputs.step_inputs(plan, w.device, w.dtype))
-        step = clock.mark()
-        if rank0 is None:
-            continue
-        finite &= out.isfinite().all()  # on the device: read once at the end
-        _count(res, plan, ran)
-        rank0.stepped(plan, step)
+    loop.run()
     ends = clock.end_times()
     res.wall_s = time.perf_counter() - t_wall
     if rank0 is None:
         return None
-    res.traces, res.outputs_finite = rank0.traces(ends), bool(finite)
+    res.idle_waits = loop.idle_waits
+    res.traces, res.outputs_finite = rank0.traces(ends), bool(rank0.finite)
     return res
 
 
-def _count(res: SettingResult, plan: StepPlan, ran) -> None:
+def _count(res: SettingResult, plan: StepPlan, ran: StepRun) -> None:
     res.steps += 1
     res.steps_by_path[ran.path] = res.steps_by_path.get(ran.path, 0) + 1
     if plan.decode_only:
