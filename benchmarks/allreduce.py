@@ -11,7 +11,8 @@ symm_two_shot, its buffer sized for the largest message); a path that cannot run
 skipped with the reason. Latency: median over --iters calls, by CUDA events (GPU) or perf_counter (CPU),
 after 3 untimed calls; in-graph: --iters calls captured back to back in one CUDA graph, median replay time
 / iters (one warm replay excluded). Bus bandwidth = bytes / latency * 2 (n - 1) / n (what each link carries in
-a ring all-reduce). Prints a table, writes <out>/allreduce_<device>_<n>ranks.jsonl (bench/record_file.py), ends with a JSON line.
+a ring all-reduce). Prints a table, writes <out>/allreduce_<device>_<n>ranks.jsonl (bench/record_file.py), ends
+with a JSON line.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ enough copies of the weight to exceed twice the L2 (every call streams its weigh
 (< 1: Triton faster; the norm variants against cublas_norm). --sweep also times a few kernel
 configurations per shape and M (without the norm) and prints the best.
 
-Prints a table, then one JSON line (the record); writes the record to --out (bench/record_file.py). The record's `suggested`
-holds the tables of ops/gemv.py (TRITON_GEMV_MAX_M, TRITON_GEMV_NORM_MAX_M) these numbers imply: per
+Prints a table, then one JSON line (the record); writes the record to --out (bench/record_file.py). The record's
+`suggested` holds the tables of ops/gemv.py (TRITON_GEMV_MAX_M, TRITON_GEMV_NORM_MAX_M) these numbers imply: per
 (N, K), the largest measured M up to which every measured M ran faster on Triton without PDL.
 """
 

@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             points.append({"rows": rows, "pdl": pdl, "us_per_kernel": round(us, 3), **gap_stats(kernel_spans(graph))})
     print(f"{'rows':>6} {'pdl':>5} {'us/kernel':>10} {'gap med':>8} {'p10':>7} {'p90':>7} {'min':>7} {'overlap':>8}")
     for p in points:
-        print(f"{p['rows']:>6} {str(p['pdl']):>5} {p['us_per_kernel']:>10.3f} {p.get('gap_us_median', float('nan')):>8.3f} "
+        print(f"{p['rows']:>6} {str(p['pdl']):>5} {p['us_per_kernel']:>10.3f} "
+              f"{p.get('gap_us_median', float('nan')):>8.3f} "
               f"{p.get('gap_us_p10', float('nan')):>7.3f} {p.get('gap_us_p90', float('nan')):>7.3f} "
               f"{p.get('gap_us_min', float('nan')):>7.3f} {p.get('overlap_share', float('nan')):>8.3f}")
     print(json.dumps({"benchmark": "pdl_edges", "kernels": args.kernels, "width": args.width,

@@ -10,7 +10,8 @@ the chunk sizes). Per (chunk, context): the sequence's slot is filled with seede
 caches it writes are the same rows), timed with CUDA events (medians). TFLOP/s is the FLOP model's count
 (bench/flops.py, README "Prefill throughput") over the replayed step's time, and its share of --peak. Then one
 eager step under the profiler: GPU ms by kernel group (bench/profile.py, the code that launched each kernel)
-and the largest kernels by name. Prints a table and one JSON line; writes prefill_profile.jsonl (bench/record_file.py) to --out.
+and the largest kernels by name. Prints a table and one JSON line; writes prefill_profile.jsonl
+(bench/record_file.py) to --out.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     w = build(a.layers, chunks, max(contexts), a.scope)
     rows = [time_chunk(w, c, ctx, a.iters, a.peak, out / f"trace-{c}-{ctx}.json") for ctx in contexts
             for c in chunks if c <= ctx]
-    print(f"{'chunk':>6} {'ctx':>6} {'graph ms':>8} {'eager ms':>8} {'TFLOP/s':>8} {'of peak':>7}  eager GPU ms by group: "
+    print(f"{'chunk':>6} {'ctx':>6} {'graph ms':>8} {'eager ms':>8} {'TFLOP/s':>8} {'of peak':>7}  "
+          "eager GPU ms by group: "
           + " ".join(f"{g[:10]:>10}" for g in GROUPS))
     for r in rows:
         print(f"{r['chunk']:>6} {r['context']:>6} {r['graph_ms']:8.3f} {r['eager_ms']:8.3f} {r['tflops']:8.1f} "

@@ -16,11 +16,11 @@ caches). Two ways to split it, and what each costs in collectives:
 
 This script measures the kernels that change, captured in CUDA graphs and replayed (graph_timer.graph_timing:
 25 ms of warm-up, 200 ms of replays, the L2 flushed before each; median), at each k: the indexer query GEMM
-and the Triton score + top-K launches at Ih/k heads (bf16 keys, every key of a full graph's n_keys live), and the fused x GEMM of a ratio-4 layer with
-its compressor rows cut to 1/k. The collectives cannot be measured on one GPU: the table states the time
-saved beside the message size, and the verdict uses a stated collective latency (5 us, and the 10.8-12.8 us
-NCCL measured in a graph on two H200s for 8-64 KB). Prints a table and one JSON line; writes
-replicated_work.jsonl (bench/record_file.py) to OUT_DIR.
+and the Triton score + top-K launches at Ih/k heads (bf16 keys, every key of a full graph's n_keys live), and
+the fused x GEMM of a ratio-4 layer with its compressor rows cut to 1/k. The collectives cannot be measured on
+one GPU: the table states the time saved beside the message size, and the verdict uses a stated collective
+latency (5 us, and the 10.8-12.8 us NCCL measured in a graph on two H200s for 8-64 KB). Prints a table and one
+JSON line; writes replicated_work.jsonl (bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations

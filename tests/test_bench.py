@@ -238,8 +238,9 @@ def test_roofline_weights_match_the_specs_flash_figures():
 
 def test_scaling_sweep_config_is_the_h200_grid():
     sweep = load_sweep(ROOT / "configs" / "bench_scaling.yaml")
-    assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow",
-                                                      "full", "full_and_breakable"]
+    assert sweep.tps == [1, 2, 4]
+    assert sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow", "full",
+                           "full_and_breakable"]
     assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
     cfg = sweep.worker_config(4, sweep.variants()[0], "breakable-hoisted")
     assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 43)
