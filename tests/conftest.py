@@ -1,10 +1,13 @@
 """Shared test helpers: run the CLI as a user would (in a subprocess, bounded in time, leaving no
 process behind), read its JSON line; a child-process environment, free ports, and the local
-launcher's checksum of configs/tiny.yaml."""
+launcher's checksum of configs/tiny.yaml. Also how the suite runs on pytest-xdist workers (`pytest -q`
+runs `-n 2 --dist loadgroup`, pyproject.toml): the tests that share a costly fixture form one group
+(XDIST_GROUPS), and a session value is computed once for all workers (once_per_run)."""
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -229,15 +232,59 @@ def stopped_at(stderr: str, rank: int) -> float:
     return found[rank]
 
 
+# ---------------------------------------------------------------- parallel workers (pytest-xdist)
+
+# Tests that share a module- or class-scoped fixture that is costly to build run one after another on one
+# worker (--dist loadgroup), so the fixture is built once, as in a serial run:
+# test file, or test file::class -> group.
+XDIST_GROUPS = {
+    "test_checkpoint.py": "checkpoint",  # ckpt: a 3-file checkpoint written by the CLI; tp1: its run
+    "test_fp8_cache.py": "fp8_cache",  # fp8_run: the FP8-cache scenario run in process
+    "test_parity.py": "parity",  # tp1: the parity scenario run in process
+    "test_serve_bench.py": "serve_bench",  # tp1_run: a serve-bench run through the CLI
+    "test_launch_ray.py::TestEmbeddedFailures": "ray_embedded",  # embedded: one in-process Ray
+    "test_launch_ray.py::TestCluster": "ray_cluster",  # cluster: a two-node Ray cluster on this machine
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        file = item.path.name
+        cls = getattr(item, "cls", None)
+        group = XDIST_GROUPS.get(f"{file}::{cls.__name__}" if cls else file) or XDIST_GROUPS.get(file)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> object:
+    """make() (a JSON value) computed once for the whole run: on xdist workers the first one computes it
+    and leaves it in the run's shared temporary directory, the others wait for it and read it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's directory, above each worker's own
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / f"{name}.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        value = make()
+        done.write_text(json.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
-def local_checksum() -> float:
+def local_checksum(tmp_path_factory: pytest.TempPathFactory) -> float:
     """output_checksum of configs/tiny.yaml (tp = 2) under the local launcher: the reference every
     other launcher must reproduce."""
-    r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rec = last_json(r.stdout)
-    assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
-    return rec["output_checksum"]
+    def run() -> float:
+        r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
+        assert r.returncode == 0, r.stderr[-4000:]
+        rec = last_json(r.stdout)
+        assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
+        return rec["output_checksum"]
+
+    return once_per_run(tmp_path_factory, "local_checksum", run)
 
 
 def with_settings(cfg, section: str, **values):
