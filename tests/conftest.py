@@ -234,27 +234,24 @@ def stopped_at(stderr: str, rank: int) -> float:
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)
 
-# Tests that share a module- or class-scoped fixture that is costly to build run one after another on one
-# worker (--dist loadgroup), so the fixture is built once, as in a serial run:
-# test file, or test file::class -> group.
+# Tests that use a module- or class-scoped fixture that is costly to build run one after another on one
+# worker (--dist loadgroup), so that fixture is built once, as in a serial run: (test file, fixture) -> group.
 XDIST_GROUPS = {
-    "test_checkpoint.py": "checkpoint",  # ckpt: a 3-file checkpoint written by the CLI; tp1: its run
-    "test_fp8_cache.py": "fp8_cache",  # fp8_run: the FP8-cache scenario run in process
-    "test_parity.py": "parity",  # tp1: the parity scenario run in process
-    "test_serve_bench.py": "serve_bench",  # tp1_run: a serve-bench run through the CLI
-    "test_launch_ray.py::TestEmbeddedFailures": "ray_embedded",  # embedded: one in-process Ray
-    "test_launch_ray.py::TestCluster": "ray_cluster",  # cluster: a two-node Ray cluster on this machine
+    ("test_checkpoint.py", "ckpt"): "checkpoint",  # a 3-file checkpoint written by the CLI (and tp1, its run)
+    ("test_fp8_cache.py", "fp8_run"): "fp8_cache",  # the FP8-cache scenario run in process
+    ("test_parity.py", "tp1"): "parity",  # the parity scenario run in process
+    ("test_serve_bench.py", "tp1_run"): "serve_bench",  # a serve-bench run through the CLI
+    ("test_launch_ray.py", "embedded"): "ray_embedded",  # one in-process embedded Ray
+    ("test_launch_ray.py", "cluster"): "ray_cluster",  # a two-node Ray cluster on this machine
 }
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        file = item.path.name
-        cls = getattr(item, "cls", None)
-        group = XDIST_GROUPS.get(f"{file}::{cls.__name__}" if cls else file) or XDIST_GROUPS.get(file)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+        for (file, fixture), group in XDIST_GROUPS.items():
+            if item.path.name == file and fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> object:
