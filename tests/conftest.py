@@ -271,17 +271,24 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> o
 
 
 @pytest.fixture(scope="session")
-def local_checksum(tmp_path_factory: pytest.TempPathFactory) -> float:
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`run configs/tiny.yaml parallel.launcher=local` (tp = 2), once for the whole run: its returncode,
+    stdout and stderr."""
+    def run() -> dict:
+        r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
+        return {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+
+    return once_per_run(tmp_path_factory, "local_run", run)
+
+
+@pytest.fixture(scope="session")
+def local_checksum(local_run: dict) -> float:
     """output_checksum of configs/tiny.yaml (tp = 2) under the local launcher: the reference every
     other launcher must reproduce."""
-    def run() -> float:
-        r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
-        assert r.returncode == 0, r.stderr[-4000:]
-        rec = last_json(r.stdout)
-        assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
-        return rec["output_checksum"]
-
-    return once_per_run(tmp_path_factory, "local_checksum", run)
+    assert local_run["returncode"] == 0, local_run["stderr"][-4000:]
+    rec = last_json(local_run["stdout"])
+    assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
+    return rec["output_checksum"]
 
 
 def with_settings(cfg, section: str, **values):
