@@ -1,9 +1,9 @@
 """All-reduce latency and bus bandwidth, NCCL against torch's symmetric-memory one-shot and two-shot kernels
 (parallel/allreduce.py), 8 KB to 4 MB, eager and inside a CUDA graph.
 
-    torchrun --nproc-per-node 2 benchmarks/allreduce.py --out DIR      # ranks started by torchrun (2 or 4)
-    python benchmarks/allreduce.py --nproc 4 --out DIR                  # ranks started by the elastic agent
-    python benchmarks/allreduce.py --nproc 2 --device cpu               # gloo on CPU: NCCL's column, eager only
+    torchrun --nproc-per-node 2 -m benchmarks.allreduce --out DIR     # ranks started by torchrun (2 or 4)
+    python -m benchmarks.allreduce --nproc 4 --out DIR                 # ranks started by the elastic agent
+    python -m benchmarks.allreduce --nproc 2 --device cpu              # gloo on CPU: NCCL's column, eager only
 
 Message = a 1-D tensor of the given bytes in --dtype (bf16 by default). Each path is the group's all-reduce
 set up as the runtime sets it up (setup_allreduce with parallel.allreduce=nccl | symm_one_shot |
@@ -11,7 +11,8 @@ symm_two_shot, its buffer sized for the largest message); a path that cannot run
 skipped with the reason. Latency: median over --iters calls, by CUDA events (GPU) or perf_counter (CPU),
 after 3 untimed calls; in-graph: --iters calls captured back to back in one CUDA graph, median replay time
 / iters (one warm replay excluded). Bus bandwidth = bytes / latency * 2 (n - 1) / n (what each link carries in
-a ring all-reduce). Prints a table, writes <out>/allreduce_<device>_<n>ranks.json, ends with a JSON line.
+a ring all-reduce). Prints a table, writes <out>/allreduce_<device>_<n>ranks.jsonl (bench/record_file.py), ends
+with a JSON line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.bench.measure import allreduce_ms
+from tp_runtime.bench.record_file import write_records
 from tp_runtime.executor.shard import DTYPES
 from tp_runtime.parallel.group import init_from_env, shutdown
 
@@ -126,7 +128,7 @@ def print_result(res: dict) -> None:
         print(f"{r['bytes']:>10} " + " ".join(_fmt(u, 13, 1) for u in us) + f" {bw:>22}")
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -140,7 +142,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _args(argv)
+    a = parse_args(argv)
     if a.nproc < 2 and "RANK" not in os.environ:
         print("error: --nproc must be >= 2 (an all-reduce needs two ranks)", file=sys.stderr)
         return 2
@@ -159,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if res is None:
         return 0
-    out = Path(a.output) / f"allreduce_{res['device'].split(':')[0]}_{res['ranks']}ranks.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = write_records(Path(a.output) / f"allreduce_{res['device'].split(':')[0]}_{res['ranks']}ranks.jsonl",
+                        [res], settings=vars(a))
     print_result(res)
     print(json.dumps({**res, "file": str(out)}), flush=True)
     return 0

@@ -1,32 +1,32 @@
 """Launch configurations of the sparse-attention kernel on a prefill chunk (Flash dims, bf16, one H200).
 
-    python3 benchmarks/attention_prefill_sweep.py [--tokens 512,2048] [--contexts 4096,32768] [--out DIR]
+    python -m benchmarks.attention_prefill_sweep [--tokens 512,2048] [--contexts 4096,32768] [--out DIR]
 
 A chunk is T tokens of one sequence at positions ctx - T .. ctx - 1 (slot 0): their window rows come from the
 chunk itself and the ring, ratio 4 tokens attend to 512 picks each (random distinct completed entries), ratio
 128 tokens to every completed entry. Each configuration (heads a program, candidates a block, warps, stages)
 runs the same inputs; its output is compared with the default configuration's (`attn_config`; max abs
 difference: the online softmax visits the same candidates in blocks of another size, so bf16-rounded outputs
-may differ in the last bit) and its replay in a CUDA graph is timed (triton.testing.do_bench, median).
-TFLOP/s counts the QK and PV dots: T x heads x candidates x D x 4. Prints a table and one JSON line.
+may differ in the last bit) and its replay in a CUDA graph is timed (graph_timer.graph_timing: 10 ms of warm-up,
+60 ms of replays, the L2 flushed before each; median).
+TFLOP/s counts the QK and PV dots: T x heads x candidates x D x 4. Prints a table and one JSON line; writes
+attention_prefill_sweep.jsonl (bench/record_file.py) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
-import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.config import ModelConfig  # noqa: E402
-from tp_runtime.model.rope import RotaryTable  # noqa: E402
-from tp_runtime.model.step_index import ring_index  # noqa: E402
-from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink  # noqa: E402
+from tp_runtime.bench.record_file import write_records
+from tp_runtime.config import ModelConfig
+from tp_runtime.graph_timer import graph_timing
+from tp_runtime.model.rope import RotaryTable
+from tp_runtime.model.step_index import ring_index
+from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink
 
 DEV, DT = torch.device("cuda"), torch.bfloat16
 M = ModelConfig()
@@ -56,12 +56,7 @@ def chunk_inputs(T: int, ctx: int, ratio: int) -> tuple:
 
 
 def graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
-    return triton.testing.do_bench(gr.replay, warmup=10, rep=60, return_mode="median")
+    return graph_timing(fn, DEV, budget_ms=(10, 60), flush_l2=True).median_ms
 
 
 def point(T: int, ctx: int, ratio: int) -> list[dict]:
@@ -73,7 +68,7 @@ def point(T: int, ctx: int, ratio: int) -> list[dict]:
     flop = T * H * (W + min(args[8], K if ratio == 4 else args[8])) * D * 4
     rows = []
     for bh, bn, nw, ns in CONFIGS:
-        c = AttnConfig(bh, bn, nw, ns, triton.cdiv(cand, bn) * bn)
+        c = AttnConfig(bh, bn, nw, ns, -(-cand // bn) * bn)
         out = torch.empty_like(out_ref)
         try:
             ms = graph_ms(lambda: sparse_attention_sink(*args, out, config=c))
@@ -86,12 +81,16 @@ def point(T: int, ctx: int, ratio: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--contexts", default="4096")
     ap.add_argument("--out", default="out/attention_prefill")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     rows = [r for ctx in map(int, a.contexts.split(",")) for T in map(int, a.tokens.split(",")) if T <= ctx
             for ratio in (4, 128) for r in point(T, ctx, ratio)]
     print(f"{'T':>5} {'ctx':>6} {'r':>4} {'bh':>3} {'bn':>3} {'nw':>3} {'ns':>3} {'ms':>8} {'TFLOP/s':>8} {'diff':>8}")
@@ -101,10 +100,8 @@ def main() -> None:
               f"{c['num_warps']:>3} {c['num_stages']:>3} {r['ms'] or float('nan'):8.3f} "
               f"{r['tflops'] or float('nan'):8.1f} {r['max_abs_diff'] if r['max_abs_diff'] is not None else '-':>8}"
               + ("  (default)" if r["default"] else ""))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
-    (out / "attention_prefill_sweep.json").write_text(json.dumps(res, indent=1))
+    write_records(Path(a.out) / "attention_prefill_sweep.jsonl", [res], settings=vars(a))
     print(json.dumps(res))
 
 

@@ -1,7 +1,6 @@
 """The Triton skinny GEMM (ops/gemv.py) against cuBLAS at the decode shapes of bf16 weights, inside CUDA graphs.
 
-    PYTHONPATH=$PWD python benchmarks/gemv_bf16.py --out OUT.json [--model v4_flash] [--tp 1 2 4 8]
-                                                   [--m 1 2 4 8 16 32] [--sweep]
+    python -m benchmarks.gemv_bf16 --out OUT.jsonl [--model v4_flash] [--tp 1 2 4 8] [--m 1 2 4 8 16 32] [--sweep]
 
 Shapes (N, K) of one rank at each tp: wx, the fused x projection of each layer kind (ratio 0 / 128 / 4:
 model/attention.py x_projections; K = hidden; behind attn_norm), wq_b (H*D/tp x Rq, behind q_norm), the
@@ -17,23 +16,25 @@ enough copies of the weight to exceed twice the L2 (every call streams its weigh
 (< 1: Triton faster; the norm variants against cublas_norm). --sweep also times a few kernel
 configurations per shape and M (without the norm) and prints the best.
 
-Prints a table, then one JSON line (the record); writes the record to --out. The record's `suggested`
-holds the tables of ops/gemv.py (TRITON_GEMV_MAX_M, TRITON_GEMV_NORM_MAX_M) these numbers imply: per
+Prints a table, then one JSON line (the record); writes the record to --out (bench/record_file.py). The record's
+`suggested` holds the tables of ops/gemv.py (TRITON_GEMV_MAX_M, TRITON_GEMV_NORM_MAX_M) these numbers imply: per
 (N, K), the largest measured M up to which every measured M ran faster on Triton without PDL.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from tp_runtime.bench.record_file import write_records
 from tp_runtime.config import load_config
+from tp_runtime.graph_timer import graph_timing, time_calls
 from tp_runtime.model.attention import x_projections
 from tp_runtime.ops.gemv import GemvConfig, gemv, gemv_config
 from tp_runtime.ops.kernel_support import sm_count
@@ -59,37 +60,21 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, bool]]:
     return out
 
 
-def _ms(fn, n: int = 20, warm: int = 3) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+DEV = torch.device("cuda")
 
 
 def graph_us(call, weights: list[torch.Tensor], calls: int) -> float:
-    """Per-call us of call(w) captured `calls` times in one graph, cycling over `weights`."""
+    """Per-call us of call(w) captured `calls` times in one graph, cycling over `weights` (median of 20
+    replays after 3)."""
     for w in weights:  # compile, make split-K counters, warm: outside the capture
         call(w)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            call(weights[i % len(weights)])
-    us = _ms(g.replay) * 1e3 / calls
-    del g
-    return us
+    cycle = itertools.cycle(weights)
+    return graph_timing(lambda: call(next(cycle)), DEV, calls=calls, warmup=3, replays=20).median_ms * 1e3
 
 
 def read_bandwidth() -> float:
-    x = torch.ones(2**28, device="cuda")  # 1 GiB fp32
-    return x.numel() * 4 / (_ms(lambda: x.sum(), 20, 3) * 1e-3)
+    x = torch.ones(2**28, device=DEV)  # 1 GiB fp32
+    return x.numel() * 4 / (time_calls(lambda: x.sum(), DEV, warmup=3, repeats=20).median_ms * 1e-3)
 
 
 def variants(x: torch.Tensor, g: torch.Tensor | None) -> dict:
@@ -181,7 +166,7 @@ def _refuse(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="path of the JSON record to write")
     p.add_argument("--model", default="v4_flash")
@@ -189,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--calls", type=int, default=50, help="calls per graph (at least the weight copies)")
     p.add_argument("--sweep", action="store_true", help="also time kernel configurations (no norm)")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     why = _refuse(a)
     if why:
         print(f"error: {why}", file=sys.stderr)
@@ -219,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
            "calls_per_graph": a.calls, "rows": rows,
            "suggested": {"TRITON_GEMV_MAX_M": suggested(rows, "triton", "cublas"),
                          "TRITON_GEMV_NORM_MAX_M": suggested(rows, "triton_norm", "cublas_norm")}}
-    Path(a.out).write_text(json.dumps(rec, indent=1))
+    write_records(a.out, [rec], settings=vars(a))
     print(json.dumps(rec))
     return 0
 

@@ -22,7 +22,7 @@ timeout "${CHECK_S:-200}" python3 -m tp_runtime.cli check "${flash[@]}" runtime.
 p2=$!
 wait $p1; echo "pytest kernels rc=$? ($((SECONDS - t0)) s)"; tail -25 "$out/pytest_kernels.log"
 wait $p2; echo "check rc=$? ($((SECONDS - t0)) s)"; tail -8 "$out/check_flash_triton.log"
-timeout "${TIME_S:-120}" python3 benchmarks/time_kernels.py "$out/timing" "${2:-}" >"$out/timing.log" 2>&1
+timeout "${TIME_S:-120}" python3 -m benchmarks.time_kernels "$out/timing" ${2:+"$2"} >"$out/timing.log" 2>&1
 echo "timing rc=$? ($((SECONDS - t0)) s)"; tail -40 "$out/timing.log"
 if [ -n "${OTHER_S:-}" ]; then
   timeout "$OTHER_S" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_full_graph_gpu.py tests/test_graphs_gpu.py \

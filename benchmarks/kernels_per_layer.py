@@ -1,6 +1,6 @@
 """Kernels a decode layer launches, per layer kind, at rank 0's shard of tp k (one GPU, full-graph decode).
 
-    python3 benchmarks/kernels_per_layer.py [--tp 1,8] [--batch 1,32] [--layers 43] [--context 4096] [--out DIR]
+    python -m benchmarks.kernels_per_layer [--tp 1,8] [--batch 1,32] [--layers 43] [--context 4096] [--out DIR]
 
 Per (tp, batch): rank 0's shard of tp k is built alone (bench/projection.py's shard_group: its heads and
 output groups, the layer all-reduce left out), with graph.mode=full and the project's defaults (Triton kernels,
@@ -10,26 +10,25 @@ kernels by kind (compress ratio 0, 4, 128): in all, on the main stream (the crit
 stream's branch joins before the attention, so its kernels overlap the main stream's) and on the side stream;
 "step" holds the launches outside every layer (the step index, the first attn_norm, the last residual add).
 Then the captured graph replays under the profiler, and its kernels per step are printed beside the eager
-count: the graph holds the same launches. Prints a table and one JSON line; writes kernels_per_layer.json.
+count: the graph holds the same launches. Prints a table and one JSON line; writes kernels_per_layer.jsonl
+(bench/record_file.py) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.bench.profile import kernels_by_layer_kind, profile_steps, record_trace  # noqa: E402
-from tp_runtime.bench.projection import shard_group  # noqa: E402
-from tp_runtime.config import load_config  # noqa: E402
-from tp_runtime.engine.workload import Workload  # noqa: E402
-from tp_runtime.executor.plan import SeqChunk, StepPlan  # noqa: E402
-from tp_runtime.executor.worker import Worker  # noqa: E402
+from tp_runtime.bench.profile import kernels_by_layer_kind, profile_steps, record_trace
+from tp_runtime.bench.projection import shard_group
+from tp_runtime.bench.record_file import write_records
+from tp_runtime.config import load_config
+from tp_runtime.engine.workload import Workload
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,15 +53,19 @@ def count(k: int, batch: int, layers: int, context: int, extra: list[str]) -> di
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tp", default="1,8")
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--layers", type=int, default=43)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--out", default="out/kernels_per_layer")
     ap.add_argument("overrides", nargs="*", help="config overrides (e.g. runtime.streams=1)")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     rows = [count(k, b, a.layers, a.context, a.overrides) for k in map(int, a.tp.split(","))
             for b in map(int, a.batch.split(","))]
     print(f"{'tp':>3} {'batch':>5} {'kind':>5} {'layers':>6} {'kernels':>8} {'main':>6} {'side':>6} {'copies':>6}")
@@ -74,10 +77,8 @@ def main() -> None:
                 print("        " + ", ".join(v["names"]))
         print(f"    step: {r['eager_kernels_per_step']:.0f} kernels eagerly, {r['replay_kernels_per_step']:.0f} "
               "per graph replay")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "overrides": a.overrides, "rows": rows}
-    (out / "kernels_per_layer.json").write_text(json.dumps(res, indent=1))
+    write_records(Path(a.out) / "kernels_per_layer.jsonl", [res], settings=vars(a))
     print(json.dumps(res))
 
 

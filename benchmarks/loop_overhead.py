@@ -1,7 +1,7 @@
 """The run loop against the graph it replays: decode steps through `engine.driver.Driver` (what `tp-runtime run`
 runs), against back-to-back replays of the same full graph.
 
-    python3 benchmarks/loop_overhead.py [--batch 1,32] [--context 4096] [--steps 50] [--repeats 3] [--out DIR]
+    python -m benchmarks.loop_overhead [--batch 1,32] [--context 4096] [--steps 50] [--repeats 3] [--out DIR]
 
 Per batch B: one Worker (43 Flash layers, bf16, tp 1, graph.mode=full, Triton kernels, the project's defaults),
 B slots filled with seeded rows as a prefill of `--context` tokens leaves them (bench/cache_fill.py). Then,
@@ -14,7 +14,7 @@ interleaved `--repeats` times:
           clock from the first `next_plan` to the end of the last step's GPU work (one synchronize), per step
 
 Reports each median and loop / graph with the spread over repeats, and the Driver's host time per step by part.
-Prints a table and one JSON line; writes loop_overhead.json to --out.
+Prints a table and one JSON line; writes loop_overhead.jsonl (bench/record_file.py) to --out.
 """
 
 from __future__ import annotations
@@ -22,22 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.bench.cache_fill import fill_seeded  # noqa: E402
-from tp_runtime.config import load_config  # noqa: E402
-from tp_runtime.engine.driver import Driver  # noqa: E402
-from tp_runtime.engine.scheduler import Scheduler  # noqa: E402
-from tp_runtime.engine.workload import Request  # noqa: E402
-from tp_runtime.executor.plan import SeqChunk, StepPlan  # noqa: E402
-from tp_runtime.executor.worker import Worker  # noqa: E402
-from tp_runtime.parallel.group import single_process  # noqa: E402
+from tp_runtime.bench.cache_fill import fill_seeded
+from tp_runtime.bench.record_file import write_records
+from tp_runtime.config import load_config
+from tp_runtime.engine.driver import Driver
+from tp_runtime.engine.scheduler import Scheduler
+from tp_runtime.engine.workload import Request
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.worker import Worker
+from tp_runtime.graph_timer import time_calls
+from tp_runtime.parallel.group import single_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,13 +80,7 @@ def graph_ms(w: Worker, batch: int, pos: int, steps: int) -> float:
     plan = StepPlan(tuple(SeqChunk(s, s, pos, 1, True) for s in range(batch)))
     x = torch.zeros(batch, w.cfg.model.hidden_size, dtype=w.dtype, device=w.device)
     w.buffers.load(plan, x, batch, index=False)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(steps):
-        w.full_graphs.replay(batch)
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / steps
+    return time_calls(lambda: w.full_graphs.replay(batch), w.device, warmup=0, repeats=1, inner=steps).median_ms
 
 
 def measure(batch: int, context: int, steps: int, repeats: int) -> dict:
@@ -109,24 +102,26 @@ def measure(batch: int, context: int, steps: int, repeats: int) -> dict:
             "loop_vs_graph_min": min(ratios), "loop_vs_graph_max": max(ratios), "host": host[-1]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="out/loop_overhead")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     rows = [measure(b, a.context, a.steps, a.repeats) for b in map(int, a.batch.split(","))]
     print(f"{'batch':>5} {'ctx':>6} {'graph ms':>9} {'loop ms':>9} {'loop/graph':>10} {'spread':>13} host ms by part")
     for r in rows:
         parts = " ".join(f"{k}={v:.3f}" for k, v in r["host"]["host_ms_by_part"].items())
         print(f"{r['batch']:>5} {r['context']:>6} {r['graph_ms']:9.3f} {r['loop_ms']:9.3f} {r['loop_vs_graph']:10.3f} "
               f"{r['loop_vs_graph_min']:6.3f}-{r['loop_vs_graph_max']:.3f} {parts}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
-    (out / "loop_overhead.json").write_text(json.dumps(res, indent=1))
+    write_records(Path(a.out) / "loop_overhead.jsonl", [res], settings=vars(a))
     print(json.dumps(res))
 
 

@@ -1,7 +1,7 @@
 """Does a CUDA graph keep programmatic dependent launch (PDL) edges? A chain of dependent Triton kernels,
 captured with PDL on and off, replayed, timed and profiled.
 
-    python3 benchmarks/pdl_edges.py [--kernels 200] [--rows 1,132,1056] [--width 512] [--replays 50]
+    python -m benchmarks.pdl_edges [--kernels 200] [--rows 1,132,1056] [--width 512] [--replays 50]
 
 The chain is `--kernels` RMSNorms (ops/rms_norm.py, one program per row), each reading the previous one's
 output, captured in one graph per (rows, pdl). Per point:
@@ -29,35 +29,28 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.ops.kernel_support import pdl_unavailable  # noqa: E402
-from tp_runtime.ops.rms_norm import rms_norm  # noqa: E402
+from tp_runtime.graph_timer import capture, time_calls
+from tp_runtime.ops.kernel_support import pdl_unavailable
+from tp_runtime.ops.rms_norm import rms_norm
 
 DEV = torch.device("cuda")
 
 
 def chain_graph(x: torch.Tensor, w: torch.Tensor, n: int, pdl: bool) -> torch.cuda.CUDAGraph:
-    rms_norm(x, w, 1e-6, pdl=pdl)  # compiled before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """n RMSNorms, each of the previous one's output, in one graph (the chain runs once eagerly first:
+    compiled before the capture)."""
+    def chain() -> None:
         y = x
         for _ in range(n):
             y = rms_norm(y, w, 1e-6, pdl=pdl)
-    return graph
+
+    return capture(chain, x.device)
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, n_kernels: int, replays: int) -> float:
-    """Microseconds per kernel over `replays` back-to-back replays."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * n_kernels)
+    """Microseconds per kernel over `replays` back-to-back replays (one warm replay first)."""
+    t = time_calls(graph.replay, DEV, warmup=1, repeats=1, inner=replays)
+    return t.median_ms * 1e3 / n_kernels
 
 
 def kernel_spans(graph: torch.cuda.CUDAGraph) -> list[tuple[float, float]]:
@@ -87,13 +80,17 @@ def gap_stats(spans: list[tuple[float, float]]) -> dict:
             "gap_us_min": round(gaps[0], 3), "overlap_share": round(sum(g < 0 for g in gaps) / len(gaps), 3)}
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", type=int, default=200, help="dependent launches per graph")
     ap.add_argument("--rows", default="1,132,1056", help="rows of the normed tensor = programs per kernel")
     ap.add_argument("--width", type=int, default=512, help="elements of a row")
     ap.add_argument("--replays", type=int, default=50)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("error: benchmarks/pdl_edges.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -111,7 +108,8 @@ def main() -> int:
             points.append({"rows": rows, "pdl": pdl, "us_per_kernel": round(us, 3), **gap_stats(kernel_spans(graph))})
     print(f"{'rows':>6} {'pdl':>5} {'us/kernel':>10} {'gap med':>8} {'p10':>7} {'p90':>7} {'min':>7} {'overlap':>8}")
     for p in points:
-        print(f"{p['rows']:>6} {str(p['pdl']):>5} {p['us_per_kernel']:>10.3f} {p.get('gap_us_median', float('nan')):>8.3f} "
+        print(f"{p['rows']:>6} {str(p['pdl']):>5} {p['us_per_kernel']:>10.3f} "
+              f"{p.get('gap_us_median', float('nan')):>8.3f} "
               f"{p.get('gap_us_p10', float('nan')):>7.3f} {p.get('gap_us_p90', float('nan')):>7.3f} "
               f"{p.get('gap_us_min', float('nan')):>7.3f} {p.get('overlap_share', float('nan')):>8.3f}")
     print(json.dumps({"benchmark": "pdl_edges", "kernels": args.kernels, "width": args.width,

@@ -1,7 +1,7 @@
 """Where a prefill chunk's time goes: one sequence's chunk of T tokens ending at a context, replayed on a breakable
 graph and run eagerly, timed, set against the FLOP model, and profiled by kernel group.
 
-    python3 benchmarks/prefill_profile.py [--layers 43] [--chunks 512,2048] [--contexts 4096] [--out DIR]
+    python -m benchmarks.prefill_profile [--layers 43] [--chunks 512,2048] [--contexts 4096] [--out DIR]
 
 One Worker (the released Flash dims, bf16, Triton kernels, graph.mode=breakable at --scope, breakable graphs at
 the chunk sizes). Per (chunk, context): the sequence's slot is filled with seeded rows up to context - chunk
@@ -10,7 +10,8 @@ the chunk sizes). Per (chunk, context): the sequence's slot is filled with seede
 caches it writes are the same rows), timed with CUDA events (medians). TFLOP/s is the FLOP model's count
 (bench/flops.py, README "Prefill throughput") over the replayed step's time, and its share of --peak. Then one
 eager step under the profiler: GPU ms by kernel group (bench/profile.py, the code that launched each kernel)
-and the largest kernels by name. Prints a table and one JSON line; writes prefill_profile.json to --out.
+and the largest kernels by name. Prints a table and one JSON line; writes prefill_profile.jsonl
+(bench/record_file.py) to --out.
 """
 
 from __future__ import annotations
@@ -18,21 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.bench.cache_fill import fill_seeded  # noqa: E402
-from tp_runtime.bench.flops import prefill_flops  # noqa: E402
-from tp_runtime.bench.profile import GROUPS, by_kernel, group_trace, record_trace  # noqa: E402
-from tp_runtime.config import load_config  # noqa: E402
-from tp_runtime.engine.workload import Workload  # noqa: E402
-from tp_runtime.executor.plan import SeqChunk, StepPlan  # noqa: E402
-from tp_runtime.executor.worker import Worker  # noqa: E402
-from tp_runtime.parallel.group import single_process  # noqa: E402
+from tp_runtime.bench.cache_fill import fill_seeded
+from tp_runtime.bench.flops import prefill_flops
+from tp_runtime.bench.profile import GROUPS, by_kernel, group_trace, record_trace
+from tp_runtime.bench.record_file import write_records
+from tp_runtime.config import load_config
+from tp_runtime.engine.workload import Workload
+from tp_runtime.executor.plan import SeqChunk, StepPlan
+from tp_runtime.executor.worker import Worker
+from tp_runtime.graph_timer import time_calls
+from tp_runtime.parallel.group import single_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,13 +48,10 @@ def build(layers: int, chunks: list[int], max_len: int, scope: str) -> Worker:
 
 
 def step_ms(w: Worker, plan: StepPlan, x: torch.Tensor, replay: bool) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    _, run = w.step(plan, x, replay=replay)
-    b.record()
-    b.synchronize()
-    assert (run.path == "breakable") == replay, run
-    return a.elapsed_time(b)
+    runs = []
+    t = time_calls(lambda: runs.append(w.step(plan, x, replay=replay)[1]), w.device, warmup=0, repeats=1)
+    assert (runs[0].path == "breakable") == replay, runs[0]
+    return t.median_ms
 
 
 def time_chunk(w: Worker, chunk: int, context: int, iters: int, peak: float, trace: Path) -> dict:
@@ -78,8 +75,8 @@ def time_chunk(w: Worker, chunk: int, context: int, iters: int, peak: float, tra
             "top_kernels": by_kernel(kernels, 1, top=15), "kernels": len(kernels)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=43)
     ap.add_argument("--chunks", default="512,2048")
     ap.add_argument("--contexts", default="4096")
@@ -87,14 +84,19 @@ def main() -> None:
     ap.add_argument("--scope", default="narrow")
     ap.add_argument("--peak", type=float, default=790.0, help="dense bf16 TFLOP/s (bench.peak_tflops)")
     ap.add_argument("--out", default="out/prefill_profile")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     chunks, contexts = [int(c) for c in a.chunks.split(",")], [int(c) for c in a.contexts.split(",")]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     w = build(a.layers, chunks, max(contexts), a.scope)
     rows = [time_chunk(w, c, ctx, a.iters, a.peak, out / f"trace-{c}-{ctx}.json") for ctx in contexts
             for c in chunks if c <= ctx]
-    print(f"{'chunk':>6} {'ctx':>6} {'graph ms':>8} {'eager ms':>8} {'TFLOP/s':>8} {'of peak':>7}  eager GPU ms by group: "
+    print(f"{'chunk':>6} {'ctx':>6} {'graph ms':>8} {'eager ms':>8} {'TFLOP/s':>8} {'of peak':>7}  "
+          "eager GPU ms by group: "
           + " ".join(f"{g[:10]:>10}" for g in GROUPS))
     for r in rows:
         print(f"{r['chunk']:>6} {r['context']:>6} {r['graph_ms']:8.3f} {r['eager_ms']:8.3f} {r['tflops']:8.1f} "
@@ -103,7 +105,7 @@ def main() -> None:
             print(f"    {k['ms']:8.3f} ms  x{k['per_step']:<5.0f} {k['kernel'][:90]}")
     res = {"layers": a.layers, "scope": a.scope, "peak_tflops": a.peak, "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "rows": rows}
-    (out / "prefill_profile.json").write_text(json.dumps(res, indent=1))
+    write_records(out / "prefill_profile.jsonl", [res], settings=vars(a))
     print(json.dumps(res))
 
 

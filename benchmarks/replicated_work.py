@@ -1,6 +1,6 @@
 """What sharding a rank's replicated work over tp would save, per layer, at Flash dims on one GPU.
 
-    python3 benchmarks/replicated_work.py OUT_DIR
+    python -m benchmarks.replicated_work OUT_DIR
 
 At tp = k every rank today computes the same indexer and compressor work (replicated weights, replicated
 caches). Two ways to split it, and what each costs in collectives:
@@ -14,29 +14,28 @@ caches). Two ways to split it, and what each costs in collectives:
                   (T x 2D for r = 4) before norm, rotary and the replicated cache write. Saves: the
                   compressor rows of the fused x GEMM. Costs: one all-gather per compressed layer.
 
-This script measures the kernels that change, captured in CUDA graphs and replayed (median of
-triton.testing.do_bench), at each k: the indexer query GEMM and the Triton score + top-K launches at Ih/k
-heads (bf16 keys, every key of a full graph's n_keys live), and the fused x GEMM of a ratio-4 layer with
-its compressor rows cut to 1/k. The collectives cannot be measured on one GPU: the table states the time
-saved beside the message size, and the verdict uses a stated collective latency (5 us, and the 10.8-12.8 us
-NCCL measured in a graph on two H200s for 8-64 KB). Prints a table and one JSON line; writes
-replicated_work.json to OUT_DIR.
+This script measures the kernels that change, captured in CUDA graphs and replayed (graph_timer.graph_timing:
+25 ms of warm-up, 200 ms of replays, the L2 flushed before each; median), at each k: the indexer query GEMM
+and the Triton score + top-K launches at Ih/k heads (bf16 keys, every key of a full graph's n_keys live), and
+the fused x GEMM of a ratio-4 layer with its compressor rows cut to 1/k. The collectives cannot be measured on
+one GPU: the table states the time saved beside the message size, and the verdict uses a stated collective
+latency (5 us, and the 10.8-12.8 us NCCL measured in a graph on two H200s for 8-64 KB). Prints a table and one
+JSON line; writes replicated_work.jsonl (bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.config import ModelConfig  # noqa: E402
-from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
+from tp_runtime.bench.record_file import version_of, write_records
+from tp_runtime.config import ModelConfig
+from tp_runtime.graph_timer import graph_timing
+from tp_runtime.ops.indexer_topk import indexer_topk
 
 DEV = torch.device("cuda")
 M = ModelConfig()
@@ -47,12 +46,7 @@ COLLECTIVE_US = (5.0, 12.0)  # stated all-reduce / all-gather latencies per laye
 
 def graph_us(fn) -> float:
     """Median us of one replay of fn captured in a CUDA graph (warmed up first)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return 1e3 * triton.testing.do_bench(g.replay, warmup=25, rep=200, return_mode="median")
+    return 1e3 * graph_timing(fn, DEV, budget_ms=(25, 200), flush_l2=True).median_ms
 
 
 def indexer_us(batch: int, n_keys: int, heads: int) -> float:
@@ -80,9 +74,14 @@ def x_gemm_us(batch: int, comp_rows: int) -> float:
     return graph_us(lambda: F.linear(x, w))
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="folder of replicated_work.jsonl")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     rows = []
     for batch in (1, 32):
         for ctx in (4096, 32768):
@@ -108,9 +107,9 @@ def main() -> None:
               f"{r['indexer_sharded_us']:>8.1f} {r['indexer_saved_us']:>6.1f} {r['scores_allreduce_bytes']:>9} |"
               f" {r['x_gemm_us']:>9.1f} {r['x_gemm_comp_sharded_us']:>8.1f} {r['compressor_saved_us']:>6.1f}"
               f" {r['entries_allgather_bytes']:>9}")
-    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=version_of("triton"))
     result = dict(env=env, rows=rows, verdict=verdict, collective_us=COLLECTIVE_US)
-    (out / "replicated_work.json").write_text(json.dumps(result, indent=1))
+    write_records(a.out / "replicated_work.jsonl", [result], settings=vars(a))
     print(json.dumps(dict(env=env, verdict=verdict)))
 
 

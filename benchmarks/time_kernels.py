@@ -1,44 +1,45 @@
 """Time the Triton kernels of stage B against the torch path at Flash dims (one decode token per sequence).
 
-    python3 benchmarks/time_kernels.py OUT_DIR [--sweep] [--fp8-cache]
+    python -m benchmarks.time_kernels OUT_DIR [--sweep] [--fp8-cache]
 
 Per point (batch x context), per kernel family, three variants:
   torch/ctx     the torch path with its candidate sets sized from the context (the eager, dynamic path)
   torch/static  the torch path sized from runtime.max_len, as the full graph runs it (MAX_LEN below)
   triton        the Triton kernels, sized from max_len too; they stop at each token's live count
-Each variant is captured in a CUDA graph once and its replay timed with triton.testing.do_bench
-(median; L2 flushed between replays), so in-graph launch gaps count but host launch cost does not.
+Each variant is captured in a CUDA graph once and its replay timed with graph_timer.graph_timing
+(20 ms of warm-up, 100 ms of replays; median; L2 flushed between replays), so in-graph launch gaps count but
+host launch cost does not.
 `bytes` is what the kernel must read (q, candidate rows or indexer keys, indices) and write (its
 output), at the context's live counts; `bw %` is bytes / time over a read bandwidth measured here.
 --sweep also times a few launch configurations of the attention kernel. --fp8-cache stores the window, kv,
 compressed rows and indexer keys in the FP8 layouts (584-byte rows, 132-byte keys; ops/cache_fp8.py), read
 in place by the kernels and gathered then dequantized by the torch path; `bytes` counts the stored bytes.
-Writes table.md and timings.json to OUT_DIR.
+Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from pathlib import Path
 
 import torch
-import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tp_runtime.config import ModelConfig  # noqa: E402
-from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_torch  # noqa: E402
-from tp_runtime.model.rope import RotaryTable  # noqa: E402
-from tp_runtime.model.step_index import ring_index  # noqa: E402
-from tp_runtime.ops import torch_path  # noqa: E402
-from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes  # noqa: E402
-from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
-from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink  # noqa: E402
+from tp_runtime.bench.record_file import version_of, write_records
+from tp_runtime.config import ModelConfig
+from tp_runtime.graph_timer import graph_timing, time_budget
+from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_torch
+from tp_runtime.model.rope import RotaryTable
+from tp_runtime.model.step_index import ring_index
+from tp_runtime.ops import torch_path
+from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes
+from tp_runtime.ops.indexer_topk import indexer_topk
+from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink
 
 DEV = torch.device("cuda")
 M = ModelConfig()
-H, D, W, K, IH, ID = M.num_attention_heads, M.head_dim, M.sliding_window, M.index_topk, M.index_n_heads, M.index_head_dim
+H, D, W, K = M.num_attention_heads, M.head_dim, M.sliding_window, M.index_topk
+IH, ID = M.index_n_heads, M.index_head_dim
 MAX_LEN = 36944  # the full-graph bench's runtime.max_len (32K contexts + decode room)
 DT = torch.bfloat16
 FP8 = "--fp8-cache" in sys.argv
@@ -55,18 +56,13 @@ def stored(x: torch.Tensor, key: bool = False) -> torch.Tensor:
 
 def graph_time(fn) -> float:
     """Median ms of one replay of fn captured in a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=20, rep=100, return_mode="median")
+    return graph_timing(fn, DEV, budget_ms=(20, 100), flush_l2=True).median_ms
 
 
 def read_bandwidth() -> float:
     """Bytes/s of a plain read (sum) over 2 GiB, median of a few runs."""
     x = torch.randn(2 ** 29, device=DEV)
-    ms = triton.testing.do_bench(lambda: x.sum(), warmup=5, rep=50, return_mode="median")
+    ms = time_budget(lambda: x.sum(), DEV, warmup_ms=5, rep_ms=50).median_ms
     return x.numel() * 4 / (ms / 1e3)
 
 
@@ -84,7 +80,8 @@ def decode_step(batch: int, ctx: int):
         return (torch.randn(*shape, generator=g, device=DEV) * s).to(DT)
 
     return dict(slot=slot, pos=pos, ring=ring, cis=table.at(pos), q=randn(batch, H, D, s=3.0),
-                kv=stored(randn(batch, D)), window=stored(randn(slots + 1, W, D)), sink=torch.randn(H, generator=g, device=DEV), randn=randn, slots=slots)
+                kv=stored(randn(batch, D)), window=stored(randn(slots + 1, W, D)),
+                sink=torch.randn(H, generator=g, device=DEV), randn=randn, slots=slots)
 
 
 def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]:
@@ -152,9 +149,17 @@ def indexer_point(batch: int, ctx: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    sweep = "--sweep" in sys.argv
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="folder of table.md and timings.jsonl")
+    ap.add_argument("--sweep", action="store_true", help="also time launch configurations of the attention kernel")
+    ap.add_argument("--fp8-cache", action="store_true", help="FP8 cache rows and keys (read at import: FP8)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    out, sweep = a.out, a.sweep
     out.mkdir(parents=True, exist_ok=True)
     bw = read_bandwidth()
     rows = []
@@ -168,9 +173,9 @@ def main() -> None:
         if r["ms"]:
             r["bw_share"] = r["bytes"] / (r["ms"] / 1e3) / bw
     env = dict(device=torch.cuda.get_device_name(DEV), torch=torch.__version__, cuda=torch.version.cuda,
-               triton=triton.__version__, read_GBps=bw / 1e9, max_len=MAX_LEN, dtype=str(DT),
+               triton=version_of("triton"), read_GBps=bw / 1e9, max_len=MAX_LEN, dtype=str(DT),
                cache_format="fp8" if FP8 else "bf16")
-    (out / "timings.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
+    write_records(out / "timings.jsonl", [dict(env=env, rows=rows)], settings=vars(a))
     lines = [f"read bandwidth (sum over 2 GiB): {bw / 1e9:.0f} GB/s; max_len {MAX_LEN}; bf16, {env['cache_format']} "
              "caches; Flash dims, tp 1", "",
              "| kernel | batch | ctx | torch/ctx us | torch/static us | triton us | static / triton | "
@@ -180,7 +185,8 @@ def main() -> None:
         key.setdefault((r["kernel"], r["batch"], r["context"]), {})[r["variant"]] = r
     for (k, b, c), v in key.items():
         t, st, tr = v["torch/ctx"], v["torch/static"], v["triton"]
-        lines.append(f"| {k} | {b} | {c // 1024}K | {t['ms'] * 1e3:.1f} | {st['ms'] * 1e3:.1f} | {tr['ms'] * 1e3:.1f} | "
+        lines.append(f"| {k} | {b} | {c // 1024}K | {t['ms'] * 1e3:.1f} | {st['ms'] * 1e3:.1f} | "
+                     f"{tr['ms'] * 1e3:.1f} | "
                      f"{st['ms'] / tr['ms']:.1f}x | {tr['bytes'] / 1e6:.2f} | {100 * tr['bw_share']:.0f} |")
     sw = [r for r in rows if r["variant"] == "triton sweep"]
     if sw:
@@ -189,7 +195,8 @@ def main() -> None:
         for r in sw:
             c = r["config"]
             ms = f"{r['ms'] * 1e3:.1f}" if r["ms"] else "failed"
-            lines.append(f"| {r['kernel']} | {r['batch']} | {r['context'] // 1024}K | {c['block_h']} | {c['block_n']} | "
+            lines.append(f"| {r['kernel']} | {r['batch']} | {r['context'] // 1024}K | {c['block_h']} | "
+                         f"{c['block_n']} | "
                          f"{c['num_warps']} | {c['num_stages']} | {c['split_len']} | {ms} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,10 +1,13 @@
 """Shared test helpers: run the CLI as a user would (in a subprocess, bounded in time, leaving no
 process behind), read its JSON line; a child-process environment, free ports, and the local
-launcher's checksum of configs/tiny.yaml."""
+launcher's checksum of configs/tiny.yaml. Also how the suite runs on pytest-xdist workers (`pytest -q`
+runs `-n 2 --dist loadgroup`, pyproject.toml): the tests that share a costly fixture form one group
+(XDIST_GROUPS), and a session value is computed once for all workers (once_per_run)."""
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -229,13 +232,61 @@ def stopped_at(stderr: str, rank: int) -> float:
     return found[rank]
 
 
+# ---------------------------------------------------------------- parallel workers (pytest-xdist)
+
+# Tests that use a module- or class-scoped fixture that is costly to build run one after another on one
+# worker (--dist loadgroup), so that fixture is built once, as in a serial run: (test file, fixture) -> group.
+XDIST_GROUPS = {
+    ("test_checkpoint.py", "ckpt"): "checkpoint",  # a 3-file checkpoint written by the CLI (and tp1, its run)
+    ("test_fp8_cache.py", "fp8_run"): "fp8_cache",  # the FP8-cache scenario run in process
+    ("test_parity.py", "tp1"): "parity",  # the parity scenario run in process
+    ("test_serve_bench.py", "tp1_run"): "serve_bench",  # a serve-bench run through the CLI
+    ("test_launch_ray.py", "embedded"): "ray_embedded",  # one in-process embedded Ray
+    ("test_launch_ray.py", "cluster"): "ray_cluster",  # a two-node Ray cluster on this machine
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for (file, fixture), group in XDIST_GROUPS.items():
+            if item.path.name == file and fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> object:
+    """make() (a JSON value) computed once for the whole run: on xdist workers the first one computes it
+    and leaves it in the run's shared temporary directory, the others wait for it and read it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's directory, above each worker's own
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / f"{name}.json"
+        if done.is_file():
+            return json.loads(done.read_text())
+        value = make()
+        done.write_text(json.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
-def local_checksum() -> float:
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`run configs/tiny.yaml parallel.launcher=local` (tp = 2), once for the whole run: its returncode,
+    stdout and stderr."""
+    def run() -> dict:
+        r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
+        return {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+
+    return once_per_run(tmp_path_factory, "local_run", run)
+
+
+@pytest.fixture(scope="session")
+def local_checksum(local_run: dict) -> float:
     """output_checksum of configs/tiny.yaml (tp = 2) under the local launcher: the reference every
     other launcher must reproduce."""
-    r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rec = last_json(r.stdout)
+    assert local_run["returncode"] == 0, local_run["stderr"][-4000:]
+    rec = last_json(local_run["stdout"])
     assert rec["launcher"] == "local" and rec["tp"] == 2 and rec["completed"] == 8
     return rec["output_checksum"]
 

@@ -126,18 +126,18 @@ def test_tp1_group_gets_a_strategy_without_collectives():
 # ---------------------------------------------------------------- real processes (gloo)
 
 
-def test_auto_on_gloo_picks_the_fallback_names_it_and_changes_no_output(local_checksum):
+def test_auto_on_gloo_picks_the_fallback_names_it_and_changes_no_output(local_checksum, local_run):
     r = run_cli(["run", TINY, "parallel.launcher=local", "parallel.allreduce=nccl"], timeout_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
     forced = last_json(r.stdout)
     assert forced["allreduce"] == "gloo" and forced["allreduce_requested"] == "nccl"
     assert forced["output_checksum"] == local_checksum  # the default (auto) run: the same sums, in the same order
-    r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
-    rec = last_json(r.stdout)
+    # the default run (`run configs/tiny.yaml parallel.launcher=local`, made once for the suite)
+    rec = last_json(local_run["stdout"])
     assert rec["allreduce"] == "gloo" and rec["allreduce_requested"] == "auto" and rec["allreduce_buffer_bytes"] == 0
     assert "the device backend is gloo" in rec["allreduce_reason"]
-    assert "all-reduce: gloo (parallel.allreduce=auto" in r.stdout  # the report's line
-    assert r.stderr.count("tp_runtime: all-reduce:") == 1  # logged once, by rank 0
+    assert "all-reduce: gloo (parallel.allreduce=auto" in local_run["stdout"]  # the report's line
+    assert local_run["stderr"].count("tp_runtime: all-reduce:") == 1  # logged once, by rank 0
 
 
 def test_symm_one_shot_on_cpu_ranks_is_a_clear_error():

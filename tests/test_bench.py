@@ -239,8 +239,9 @@ def test_roofline_weights_match_the_specs_flash_figures():
 
 def test_scaling_sweep_config_is_the_h200_grid():
     sweep = load_sweep(ROOT / "configs" / "bench_scaling.yaml")
-    assert sweep.tps == [1, 2, 4] and sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow",
-                                                      "full", "full_and_breakable"]
+    assert sweep.tps == [1, 2, 4]
+    assert sweep.modes == ["eager", "breakable-wide", "breakable-hoisted", "breakable-narrow", "full",
+                           "full_and_breakable"]
     assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
     cfg = sweep.worker_config(4, sweep.variants()[0], "breakable-hoisted")
     assert (cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_hidden_layers) == (4096, 64, 43)
@@ -354,18 +355,18 @@ def test_replot_redraws_a_sweep_folder_from_its_json(tmp_path):
     points, comps = _fake_points()
     write_jsonl(tmp_path / "points.jsonl", points)
     write_jsonl(tmp_path / "comparisons.jsonl", comps)
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replot.py"), str(tmp_path)], cwd=ROOT, env=_env(),
+    r = subprocess.run([sys.executable, "-m", "benchmarks.replot", str(tmp_path)], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     for name in ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png"):
         _assert_png(tmp_path / name)
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replot.py"), str(tmp_path / "none")], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "benchmarks.replot", str(tmp_path / "none")], cwd=ROOT,
                        env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "points.jsonl is missing" in r.stderr
 
 
 def test_allreduce_benchmark_on_gloo(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "allreduce.py"), "--nproc", "2", "--device", "cpu",
+    cmd = [sys.executable, "-m", "benchmarks.allreduce", "--nproc", "2", "--device", "cpu",
            "--max-bytes", str(32 << 10), "--iters", "3", "--output", str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -543,7 +544,7 @@ def test_gpu_tiny_sweep_all_modes(tmp_path, capsys):
 def test_gpu_allreduce_benchmark(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "allreduce.py"), "--nproc", "2", "--max-bytes", str(1 << 20),
+    cmd = [sys.executable, "-m", "benchmarks.allreduce", "--nproc", "2", "--max-bytes", str(1 << 20),
            "--iters", "20", "--output", str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -167,7 +167,10 @@ def test_each_rank_holds_its_slice_of_the_dequantized_tensor(ckpt, tp):
             assert torch.equal(got, want), f"{spec.name} rank {rank}/{tp}"
         assert len(rep["files"]) == 3 and rep["s"] > 0 and rep["host_peak_method"] in ("vmhwm", "ru_maxrss")
         # Every rank reads the replicated tensors whole and 1/tp of the sharded ones.
-        assert (rep["read_bytes"] == rep["checkpoint_bytes"]) if tp == 1 else (rep["read_bytes"] < rep["checkpoint_bytes"])
+        if tp == 1:
+            assert rep["read_bytes"] == rep["checkpoint_bytes"]
+        else:
+            assert rep["read_bytes"] < rep["checkpoint_bytes"]
 
 
 def test_only_the_files_of_the_selected_layers_are_opened(ckpt, tmp_path):
@@ -407,7 +410,8 @@ def test_yaml_model_value_that_disagrees_names_key_values_and_both_files(ckpt, t
 
 
 def test_layer_range_outside_the_checkpoint_is_refused(ckpt):
-    with pytest.raises(ConfigError, match=r"model\.layers='4-7' selects \[6, 7\].*config\.json has num_hidden_layers=6"):
+    with pytest.raises(ConfigError,
+                       match=r"model\.layers='4-7' selects \[6, 7\].*config\.json has num_hidden_layers=6"):
         load_config(TINY, [f"model.checkpoint={ckpt}", "model.layers=4-7"])
 
 
@@ -427,7 +431,8 @@ print(json.dumps(load_checkpoint(stack, sys.argv[2])))
 """
 
 WIDE = """model: {hidden_size: 512, num_hidden_layers: 4, num_attention_heads: 16, head_dim: 256, qk_rope_head_dim: 64,
-  q_lora_rank: 512, o_groups: 4, o_lora_rank: 1024, index_n_heads: 4, index_head_dim: 64, compress_ratios: [0, 0, 0, 0, 0]}
+  q_lora_rank: 512, o_groups: 4, o_lora_rank: 1024, index_n_heads: 4, index_head_dim: 64,
+  compress_ratios: [0, 0, 0, 0, 0]}
 runtime: {max_len: 64}
 """
 
@@ -469,6 +474,6 @@ def test_gpu_load_is_exact_in_bf16_and_runs_at_tp2(ckpt, tmp_path):
         assert torch.equal(got.cpu(), value.to(got.dtype)), spec.name
     assert rep["s"] > 0
     if torch.cuda.device_count() >= 2:
-        proc = run_cli(["check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "parallel.launcher=local", "runtime.device=cuda",
-                       *SCENARIO], timeout_s=300)
+        proc = run_cli(["check", TINY, f"model.checkpoint={ckpt}", "parallel.tp=2", "parallel.launcher=local",
+                        "runtime.device=cuda", *SCENARIO], timeout_s=300)
         assert proc.returncode == 0 and last_json(proc.stdout)["ok"], proc.stdout[-3000:] + proc.stderr[-3000:]

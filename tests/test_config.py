@@ -56,7 +56,8 @@ def test_wrong_type_is_refused():
 
 
 def test_choice_is_refused_with_allowed_values():
-    with pytest.raises(ConfigError, match=r"'graph\.mode' must be one of \['eager', 'breakable', 'full', 'full_and_breakable'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"'graph\.mode' must be one of \['eager', 'breakable', 'full', 'full_and_breakable'\]"):
         load_config(TINY, ["graph.mode=fast"])
 
 

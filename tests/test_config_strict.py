@@ -83,7 +83,8 @@ def test_duplicate_section_names_both_lines(tmp_path):
 def test_duplicate_key_in_a_section_and_in_an_override(tmp_path):
     p = tmp_path / "dup.yaml"
     p.write_text("model:\n  layers: 0-1\n  hidden_size: 64\n  layers: 2-3\n")
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}:4:3: duplicate key 'layers' \(first given at line 2, column 3\)$"):
+    with pytest.raises(ConfigError,
+                       match=rf"^{re.escape(str(p))}:4:3: duplicate key 'layers' \(first given at line 2, column 3\)$"):
         load_config(p)
     with pytest.raises(ConfigError, match=r"duplicate key 'factor' \(first given at line 1, column 2\)"):
         load_config(TINY, ["model.rope_scaling={factor: 4, factor: 8}"])
@@ -95,7 +96,9 @@ def test_duplicate_key_in_a_section_and_in_an_override(tmp_path):
 def test_non_string_keys_one_clean_message(tmp_path, text, key):
     p = tmp_path / "k.yaml"
     p.write_text(text)
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}:\d+:\d+: {re.escape(key)} is not a string; config keys are names$"):
+    with pytest.raises(ConfigError,
+                       match=rf"^{re.escape(str(p))}:\d+:\d+: {re.escape(key)} is not a string; "
+                             "config keys are names$"):
         load_config(p)
     sweep = tmp_path / "s.yaml"
     sweep.write_text(text)
@@ -172,7 +175,8 @@ def test_system_files_are_refused(path, what):
 def test_directory_socket_and_oversized_file(tmp_path):
     import socket
 
-    with pytest.raises(ConfigError, match=rf"^sweep config {re.escape(str(tmp_path))} is a directory, not a regular file"):
+    with pytest.raises(ConfigError,
+                       match=rf"^sweep config {re.escape(str(tmp_path))} is a directory, not a regular file"):
         load_sweep(tmp_path)
     sock_path = tmp_path / "s.sock"
     with socket.socket(socket.AF_UNIX) as s:
@@ -233,7 +237,8 @@ def test_value_ranges_name_the_override(word, needle):
 def test_value_range_from_a_file_names_the_file(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("model:\n  rope_scaling: {factor: 16.0, beta_fast: 1.0, beta_slow: 32.0}\n")
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}: 'model\.rope_scaling\.beta_fast'=1 must be greater than"):
+    with pytest.raises(ConfigError,
+                       match=rf"^{re.escape(str(p))}: 'model\.rope_scaling\.beta_fast'=1 must be greater than"):
         load_config(p)
 
 

@@ -40,8 +40,10 @@ def test_user_inputs_drive_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("tensors,expect", [
-    ({"input.0": torch.randn(5, 63), "prompt_len": torch.tensor([3])}, r"'input.0' has shape \[5, 63\], expected \[L, 64\]"),
-    ({"input.0": torch.ones(5, 64, dtype=torch.int32), "prompt_len": torch.tensor([3])}, r"'input.0' has dtype torch.int32"),
+    ({"input.0": torch.randn(5, 63), "prompt_len": torch.tensor([3])},
+     r"'input.0' has shape \[5, 63\], expected \[L, 64\]"),
+    ({"input.0": torch.ones(5, 64, dtype=torch.int32), "prompt_len": torch.tensor([3])},
+     r"'input.0' has dtype torch.int32"),
     ({"input.0": torch.randn(5, 64)}, r"missing tensor 'prompt_len'"),
     ({"input.0": torch.randn(5, 64), "input.2": torch.randn(5, 64), "prompt_len": torch.tensor([3, 3])},
      r"missing \['input.1'\], unexpected \['input.2'\]"),
@@ -122,7 +124,8 @@ def test_dump_that_fails_at_the_end_keeps_the_report(tmp_path, capsys):
 
 def test_run_where_every_request_is_rejected_exits_non_zero():
     proc = run_cli(["run", TINY, "parallel.tp=1", "parallel.launcher=local", "runtime.max_len=8",
-                    "workload.requests=2", "workload.prompt_lens=[9, 12]", "workload.decode_lens=[0, 1]"], timeout_s=120)
+                    "workload.requests=2", "workload.prompt_lens=[9, 12]", "workload.decode_lens=[0, 1]"],
+                   timeout_s=120)
     rec = last_json(proc.stdout)  # the report comes first
     assert proc.returncode == 1 and rec["completed"] == 0 and len(rec["rejected"]) == 2
     assert _one_error_line(proc) == "error: no request completed: all 2 were rejected"

@@ -60,7 +60,8 @@ def _interrupt(cmd: list[str], sig: int, ready: Callable[[str, str, int], bool],
         try:
             deadline = time.monotonic() + timeout_s
             while not ready(env[MARK], Path(f"/proc/self/fd/{err.fileno()}").read_text(), p.pid):
-                assert p.poll() is None, f"ended before the signal: {Path(f'/proc/self/fd/{err.fileno()}').read_text()[-3000:]}"
+                stderr = Path(f"/proc/self/fd/{err.fileno()}").read_text()
+                assert p.poll() is None, f"ended before the signal: {stderr[-3000:]}"
                 assert time.monotonic() < deadline, "the moment to send the signal never came"
                 time.sleep(0.1)
             (os.killpg if group else os.kill)(p.pid, sig)

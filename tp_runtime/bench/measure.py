@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tp_runtime.executor.timing import StepTimer
+from tp_runtime.graph_timer import graph_timing, time_calls
 from tp_runtime.parallel.group import TPGroup
 
 
@@ -83,13 +84,8 @@ def bandwidth(device: torch.device, mib: int, iters: int = 10) -> dict:
 
 
 def _median_ms(device: torch.device, fn, iters: int) -> float:
-    fn()  # warm-up: first touch of the pages, lazy allocator and kernel set-up
-    timer = StepTimer(device)
-    for _ in range(iters):
-        t0 = timer.now()
-        fn()
-        timer.stop(t0)
-    return statistics.median(timer.durations_ms())
+    """One untimed call (first touch of the pages, lazy allocator and kernel set-up), then `iters` timed."""
+    return time_calls(fn, device, warmup=1, repeats=iters).median_ms
 
 
 ALLREDUCE_WARMUP = 20  # untimed all-reduces per measurement: the same count on every rank (collectives)
@@ -131,26 +127,8 @@ def allreduce_ms(tp: TPGroup, shape: tuple[int, ...], dtype: torch.dtype, iters:
 
 def _allreduce_graph_ms(tp: TPGroup, x: torch.Tensor, iters: int, replays: int = 5) -> float:
     """iters all-reduces captured in one CUDA graph; median replay time / iters."""
-    stream = torch.cuda.Stream(tp.device)
-    stream.wait_stream(torch.cuda.current_stream(tp.device))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        tp.all_reduce(x)  # eager op on the capture stream before capture
-        torch.cuda.synchronize(tp.device)
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(iters):
-                tp.all_reduce(x)
-    torch.cuda.current_stream(tp.device).wait_stream(stream)
-    graph.replay()  # warm replay
-    timer = StepTimer(tp.device)
-    for _ in range(replays):
-        t0 = timer.now()
-        graph.replay()
-        timer.stop(t0)
-    ms = statistics.median(timer.durations_ms()) / iters
-    del graph  # free the graph (it holds NCCL or symmetric-memory work) before anyone destroys the group
-    gc.collect()
-    torch.cuda.synchronize(tp.device)
+    ms = graph_timing(lambda: tp.all_reduce(x), tp.device, calls=iters, replays=replays).median_ms
+    gc.collect()  # the graph (it holds NCCL or symmetric-memory work) is gone before anyone destroys the group
     return ms
 
 

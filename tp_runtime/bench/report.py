@@ -100,7 +100,8 @@ FLAG_NOTE = ("!<1: the step ran faster than its roofline model allows, so a ceil
 def points_table(points: list[dict]) -> str:
     vw = max([7] + [len(p["variant"]) for p in points])  # the variant column fits the longest label
     head = (f"{'variant':<{vw}} {'tp':>2} {'mode':<17} {'batch':>5} {'ctx':>6} {'fill':<7} {'step ms':>9} "
-            f"{'p90':>9} {'tok/s':>9} {'break':>6} {'host':>5} {'pf tok/s':>9} {'AR us':>7} {'model ms':>9} {'ratio':>6}")
+            f"{'p90':>9} {'tok/s':>9} {'break':>6} {'host':>5} {'pf tok/s':>9} {'AR us':>7} {'model ms':>9} "
+            f"{'ratio':>6}")
     rows = [head, "-" * len(head)]
     key = lambda p: (p["variant"], p["tp"], p["context"], p["batch"], p["cache_fill"] != "seeded", p["mode"])  # noqa
     for p in sorted(points, key=key):

@@ -2,7 +2,8 @@
 
     join the TP group -> choose its all-reduce (parallel/allreduce.py: NCCL or symmetric memory, the buffer
     rendezvoused once) -> build the model shard (stack slice, weights, caches, static buffers; shard.py)
-    -> warm the all-reduce eagerly on every rank, barrier -> capture graphs (GPU): full graphs of the decode step and / or breakable graphs
+    -> warm the all-reduce eagerly on every rank, barrier -> capture graphs (GPU): full graphs of the decode step
+    and / or breakable graphs
 
 How a step runs (`graph.mode`), decided from the plan alone, so every rank takes the same path:
 

@@ -45,7 +45,6 @@ machine), so it is parallel.timeout_s + a few seconds.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from tp_runtime.config import ConfigError
+from tp_runtime.graph_timer import graph_timing
 
 CHOICES = ("auto", "nccl", "symm_one_shot", "symm_two_shot")
 SYMM_PATHS = ("symm_one_shot", "symm_two_shot")
@@ -310,25 +310,4 @@ def threshold_from(times: dict[int, dict[str, float]], cap: int) -> int:
 
 def _graph_us(fn, device: torch.device) -> float:
     """Median microseconds of one call of fn, PROBE_CALLS calls captured back to back in one CUDA graph."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        fn()  # eager first: lazy set-up stays out of the capture
-        torch.cuda.synchronize(device)
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(PROBE_CALLS):
-                fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph.replay()  # warm
-    ms = []
-    for _ in range(PROBE_REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    del graph
-    torch.cuda.synchronize(device)
-    return statistics.median(ms) * 1e3 / PROBE_CALLS
+    return graph_timing(fn, device, calls=PROBE_CALLS, replays=PROBE_REPLAYS).median_ms * 1e3

@@ -218,5 +218,6 @@ def kill(ranks: list[Silent]) -> None:
 def lost_message(lost: list[Silent], killing: list[Silent], rank: int, timeout_s: float) -> str:
     """One line: who stopped answering, for how long, what this rank saw and does about it."""
     who = "; ".join(f"{s.describe()} stopped answering: no heartbeat for {s.age_s:.1f} s" for s in lost)
-    done = f"; rank {rank} ends {', '.join(f'rank {s.rank}' for s in killing)} (SIGKILL, same machine)" if killing else ""
+    ended = ", ".join(f"rank {s.rank}" for s in killing)
+    done = f"; rank {rank} ends {ended} (SIGKILL, same machine)" if killing else ""
     return f"{who} (found by rank {rank} when its collective failed, parallel.timeout_s={timeout_s:g}){done}"

@@ -36,7 +36,8 @@ def _frequencies(cfg: ModelConfig, compressed: bool) -> torch.Tensor:
         f = base ** (-2.0 * i / dr)
         if compressed:
             s = cfg.rope_scaling
-            corr = lambda b: dr * math.log(s.original_max_position_embeddings / (2 * math.pi * b)) / (2 * math.log(base))
+            corr = lambda b: (dr * math.log(s.original_max_position_embeddings / (2 * math.pi * b))
+                              / (2 * math.log(base)))
             lo, hi = max(0, math.floor(corr(s.beta_fast))), min(dr - 1, math.ceil(corr(s.beta_slow)))
             keep = 1 - min(max((i - lo) / max(hi - lo, 1e-3), 0.0), 1.0)
             f = f / s.factor * (1 - keep) + f * keep

@@ -10,9 +10,10 @@ FP8 matrices are kept as stored (values and scale bytes of the shard) instead of
 dtype, shape, scale shape) and reads the scale bytes of the shard; only then does it copy weights into
 the stack, so a bad checkpoint leaves the stack untouched. Every copied shard is then checked for NaN
 and inf on the device (finite.py: one reduction per tensor, one sync at the end); a non-finite value
-(a NaN bf16, an e4m3 NaN byte, garbage in the data area) is refused naming the tensor and its file. A rank opens only the files the index names
-for its tensors and reads only the rows (column-parallel) or columns (row-parallel) of its shard, then
-dequantizes on its device in the run dtype (exact there: an fp8 value times a power of two).
+(a NaN bf16, an e4m3 NaN byte, garbage in the data area) is refused naming the tensor and its file. A rank
+opens only the files the index names for its tensors and reads only the rows (column-parallel) or columns
+(row-parallel) of its shard, then dequantizes on its device in the run dtype (exact there: an fp8 value times a
+power of two).
 A column range of row-parallel wo_b is a short run in every row: only those bytes are copied, but
 where a run is shorter than a 4 KiB page the memory map faults in the pages of the whole tensor
 (page cache, shared by the ranks of a node, released when the file is closed).

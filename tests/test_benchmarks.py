@@ -1,0 +1,50 @@
+"""The benchmark scripts import without a GPU (no sys.path patches: they run as `python -m benchmarks.NAME`) and
+parse their arguments; what they time needs a GPU (and, for most, Triton)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
+
+# script -> (arguments, attribute -> parsed value) of parse_args
+ARGS = {
+    "allreduce": ([], {"nproc": 2, "output": "out/bench/allreduce"}),
+    "attention_prefill_sweep": (["--tokens", "64"], {"tokens": "64", "out": "out/attention_prefill"}),
+    "gemv_bf16": (["--out", "x.jsonl", "--m", "1", "2"], {"out": "x.jsonl", "m": [1, 2], "tp": [1, 2, 4, 8]}),
+    "kernels_per_layer": (["runtime.streams=1"], {"overrides": ["runtime.streams=1"], "tp": "1,8"}),
+    "loop_overhead": (["--steps", "5"], {"steps": 5, "out": "out/loop_overhead"}),
+    "pdl_edges": ([], {"kernels": 200, "replays": 50}),
+    "prefill_profile": (["--chunks", "512"], {"chunks": "512", "out": "out/prefill_profile"}),
+    "replicated_work": (["dir"], {"out": Path("dir")}),
+    "time_kernels": (["dir", "--sweep"], {"out": Path("dir"), "sweep": True, "fp8_cache": False}),
+}
+
+
+def test_every_script_is_listed():
+    assert set(SCRIPTS) - {"fp8_gemm", "replot"} == set(ARGS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_imports_without_a_gpu_or_path_patch(name):
+    source = (ROOT / "benchmarks" / f"{name}.py").read_text()
+    assert "sys.path" not in source
+    importlib.import_module(f"benchmarks.{name}")
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_script_parses_its_arguments(name):
+    argv, expected = ARGS[name]
+    args = importlib.import_module(f"benchmarks.{name}").parse_args(argv)
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_script_help(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"benchmarks.{name}").parse_args(["--help"])
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
