@@ -13,7 +13,8 @@ import torch
 
 from conftest import ROOT
 from tp_runtime.config import load_config
-from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x, quantize_x_torch
+from tp_runtime.ops.fp8_gemm import (Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x,
+                                     quantize_x_torch)
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
 from tp_runtime.ops.torch_path import TorchBackend

@@ -1,7 +1,7 @@
 """The weight GEMMs (ops/linear.py) on a GPU: the Triton kernels with FP8 weights against
 dequantize-then-matmul at every FP8 weight shape of Flash and Pro at tp 1 / 2 / 4 / 8 and M in
-{1, 3, 16, 128, 512} (small M splits K); the path `fp8_linear` takes by M, and its block-scaled
-`_scaled_mm` path against the same GEMM on activations rounded as it rounds them; grouped, in FP8 and
+{1, 3, 16, 128, 512} (small M splits K); the path `fp8_linear` takes by M (x rounded to e4m3: the FP8 GEMM
+family, tests/test_fp8_gemm_gpu.py); grouped, in FP8 and
 bf16, against per-group matmuls; split-K results identical call after call and in a CUDA graph; then
 `check` with FP8 weights.
 
@@ -15,8 +15,7 @@ import torch
 
 from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
-from tp_runtime.ops.linear import (LinearConfig, dequantize, fp8_linear, fp8_path, grouped_linear, linear_triton,
-                                   tile_config)
+from tp_runtime.ops.linear import LinearConfig, dequantize, fp8_path, grouped_linear, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

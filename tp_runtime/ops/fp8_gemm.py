@@ -102,8 +102,8 @@ def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch
     mp = triton.cdiv(m, rows) * rows
     q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(triton.cdiv(k, BLOCK), mp, dtype=torch.float32, device=x.device)
-    _quantize_x_kernel[(triton.cdiv(mp, 16), triton.cdiv(k, BLOCK))](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, PDL=pdl,
-                                                          num_warps=4, launch_pdl=pdl)
+    grid = (triton.cdiv(mp, 16), triton.cdiv(k, BLOCK))
+    _quantize_x_kernel[grid](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return q, s.t()
 
 
