@@ -1,6 +1,6 @@
 """The weight-GEMM kernel (ops/linear.py) against cuBLAS per weight shape: time and share of read bandwidth.
 
-    python3 benchmarks/fp8_gemm.py [--model v4_flash] [--tp 1] [--out DIR]
+    python -m benchmarks.fp8_gemm [--model v4_flash] [--tp 1] [--out DIR]
 
 Each shape is timed at M = 1, 8, 32, 128 as a CUDA graph of one call per copy of the weight, enough copies
 to exceed the 60 MB L2 (so every call streams from HBM, and the host's launch cost is out of the number):
@@ -11,20 +11,23 @@ bmm over strided views of x and the output, what the model runs) and bf16_einsum
 which copies x's groups apart). --sweep also times GEMV configurations at M = 1 and tile-kernel
 configurations at M = 8 and 32. Bytes: FP8 values + e8m0 scales, or the bf16 matrix;
 share = bytes / time / read bandwidth, the read bandwidth measured here (sum over 1 GiB). Prints a table;
-writes fp8_gemm.json.
+writes fp8_gemm.jsonl (bench/record_file.py's records). The FP8 GEMM family with e4m3 x: fp8_gemm_tune.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from tp_runtime.bench.measure import bandwidth
+from tp_runtime.bench.record_file import write_records
 from tp_runtime.config import load_config
+from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import (LinearConfig, dequantize, fp8_linear, fp8_path, grouped_linear, k_splits,
                                    linear_triton, tile_config)
@@ -34,35 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MS = (1, 8, 32, 128)
 
 
-def _graph_ms(calls: list, reps: int = 20) -> float:
-    """Per-call ms of `calls` (each a no-argument function) captured back to back in one CUDA graph."""
-    for c in calls:  # compile and warm outside the capture
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return _ms(g.replay, reps, 3) / len(calls)
+DEV = torch.device("cuda")
 
 
-def _ms(fn, n: int = 50, warm: int = 10) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def read_bandwidth() -> float:
-    x = torch.ones(2**28, device="cuda")  # 1 GiB fp32
-    return x.numel() * 4 / (_ms(lambda: x.sum(), 20, 3) * 1e-3)
+def _graph_ms(call, items: list) -> float:
+    """Per-call ms of call(item) over `items` (copies of a weight) captured back to back in one CUDA graph:
+    median of 20 replays after 3 (graph_timer). Each item runs once eagerly first (compiles, split-K counters)."""
+    for it in items:
+        call(it)
+    cycle = itertools.cycle(items)
+    return graph_timing(lambda: call(next(cycle)), DEV, calls=len(items), warmup=3, replays=20).median_ms
 
 
 def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
@@ -105,13 +89,12 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
     for m in MS:
         x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
         xg = x.view(m, groups, k).transpose(0, 1)  # [groups, m, k]: the bf16 side as one bmm
-        t = {"fp8": _graph_ms([lambda q=q, s=s, x=x: fp8_linear(x, q, s, groups) for q, s in qs]),
-             "bf16_triton": _graph_ms([lambda w=w, x=x: linear_triton(x, w, None, groups) for w in bfs]),
-             "bf16": _graph_ms([lambda w=w, xg=xg: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2))
-                                for w in bfs])}
+        t = {"fp8": _graph_ms(lambda qs_: fp8_linear(x, *qs_, groups), qs),
+             "bf16_triton": _graph_ms(lambda w: linear_triton(x, w, None, groups), bfs),
+             "bf16": _graph_ms(lambda w: torch.bmm(xg, w.view(groups, n // groups, k).transpose(1, 2)), bfs)}
         if groups > 1:
-            t["bf16_bmm_strided"] = _graph_ms([lambda w=w, x=x: grouped_linear(x, w, groups) for w in bfs])
-            t["bf16_einsum"] = _graph_ms([lambda w=w, x=x: _einsum(x, w, groups) for w in bfs])
+            t["bf16_bmm_strided"] = _graph_ms(lambda w: grouped_linear(x, w, groups), bfs)
+            t["bf16_einsum"] = _graph_ms(lambda w: _einsum(x, w, groups), bfs)
         nbytes = {"fp8": n * k + qs[0][1].numel(), "bf16": 2 * n * k}
         r = {"N": n, "K": k, "M": m, "path": fp8_path(m, x), "splits": tile_config(m, n, k, n_sm).splits}
         for v, ms in t.items():
@@ -120,21 +103,27 @@ def bench_shape(n: int, k: int, groups: int, bw: float, sweep: bool) -> list[dic
         r["speedup"] = t["bf16"] / t["fp8"]
         if sweep and m in (1, 8, 32):
             configs = gemv_configs(n, k, n_sm) if m == 1 else tile_configs(m, n, k, n_sm)
-            r["sweep"] = [dict(c._asdict(), fp8_us=1e3 * _graph_ms([lambda q=q, s=s, x=x, c=c: linear_triton(
-                x, q, s, groups, c) for q, s in qs]), bf16_us=1e3 * _graph_ms([lambda w=w, x=x, c=c: linear_triton(
-                    x, w, None, groups, c) for w in bfs])) for c in configs]
+            r["sweep"] = [dict(c._asdict(),
+                               fp8_us=1e3 * _graph_ms(lambda qs_, c=c: linear_triton(x, *qs_, groups, c), qs),
+                               bf16_us=1e3 * _graph_ms(lambda w, c=c: linear_triton(x, w, None, groups, c), bfs))
+                          for c in configs]
         rows.append(r)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="v4_flash")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--out", default="out/fp8_gemm")
-    p.add_argument("--sweep", action="store_true", help="also time GEMV configurations at M = 1 and tile configurations at M = 8, 32")
-    a = p.parse_args(argv)
-    bw = read_bandwidth()
+    p.add_argument("--sweep", action="store_true",
+                   help="also time GEMV configurations at M = 1 and tile configurations at M = 8, 32")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    bw = bandwidth(DEV, 1024)["read_GBps"] * 1e9
     print(f"read bandwidth {bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()}, torch {torch.__version__})")
     variants = ("fp8", "bf16_triton", "bf16")
     print(f"{'weight':18s} {'N':>6s} {'K':>6s} {'M':>4s} {'path':>9s} {'S':>3s} " + " ".join(f"{v + ' us':>15s} {'share':>5s}"
@@ -154,10 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"fp8 {c['fp8_us']:6.1f} us, bf16 {c['bf16_us']:6.1f} us")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    rec = {"model": a.model, "tp": a.tp, "read_GBps": bw / 1e9, "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "rows": rows}
-    (out / "fp8_gemm.json").write_text(json.dumps(rec, indent=1))
-    print(json.dumps({"file": str(out / "fp8_gemm.json"), "read_GBps": bw / 1e9}))
+    write_records(out / "fp8_gemm.jsonl", rows, {"model": a.model, "tp": a.tp, "read_GBps": bw / 1e9})
+    print(json.dumps({"file": str(out / "fp8_gemm.jsonl"), "read_GBps": bw / 1e9}))
     return 0
 
 

@@ -11,28 +11,31 @@ median over replays (CUDA events) / copies. Beside the table's choice each recor
 x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
 read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
 The winner of each (shape, bucket) is checked against the torch twin. Writes DIR/fp8_gemm_table.json (copy it
-to tp_runtime/ops/) and DIR/fp8_gemm_tune.jsonl (every timing).
+to tp_runtime/ops/), DIR/fp8_gemm_measured.jsonl (each winner with its reference times) and
+DIR/fp8_gemm_tune.jsonl (every timing), their records led by bench/record_file.py's common header.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from tp_runtime.bench.measure import bandwidth
+from tp_runtime.bench.record_file import record_header, write_records
 from tp_runtime.config import load_config
+from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, shape_key
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, linear_triton
+from tp_runtime.paths import write_text_atomic
 from tp_runtime.weights.fp8 import quantize_fp8
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,41 +70,17 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
     return out
 
 
-def graph_ms(calls: list, reps: int = 10) -> float:
-    """Per-call ms of `calls` captured back to back in one CUDA graph: median of `reps` replays."""
-    for c in calls:  # compiles, and makes what a capture may not (split-K counters, cuBLASLt's scales)
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    del g
-    return statistics.median(times) / len(calls)
+DEV = torch.device("cuda")
 
 
-def read_bandwidth() -> float:
-    x = torch.ones(2**28, device="cuda")  # 1 GiB fp32
-    x.sum()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(10):
-        a.record()
-        x.sum()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return x.numel() * 4 / (statistics.median(ts) * 1e-3)
+def graph_ms(call, copies: int) -> float:
+    """Per-call ms of call(i) over weight copies i = 0 .. copies-1 captured back to back in one CUDA graph:
+    median of 10 replays (graph_timer). Every copy runs once eagerly first: compiles, and makes what a capture
+    may not (split-K counters, cuBLASLt's fp32 weight scales)."""
+    for i in range(copies):
+        call(i)
+    cycle = itertools.cycle(range(copies))
+    return graph_timing(lambda: call(next(cycle)), DEV, calls=copies, warmup=1, replays=10).median_ms
 
 
 def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[int, dict]:
@@ -123,18 +102,18 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[i
         timed = []
         for c in candidates(bucket, n, k, groups, n_sm, cublas):
             try:
-                ms = graph_ms([lambda i=i, c=c: fp8_gemm(x, qs[i][0], qs[i][1], groups, c) for i in range(copies)])
+                ms = graph_ms(lambda i, c=c: fp8_gemm(x, qs[i][0], qs[i][1], groups, c), copies)
             except Exception as e:  # noqa: BLE001 (a launch that does not fit this GPU: out of shared memory, ...)
                 log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "error": str(e)[:200]})
                 continue
             timed.append((ms, c))
             log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "ms": ms})
         ms, c = min(timed, key=lambda t: t[0])
-        exact = graph_ms([lambda i=i: linear_triton(x, qs[i][0], qs[i][1], groups) for i in range(copies)])
+        exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups), copies)
         if groups == 1:
-            bf16 = graph_ms([lambda i=i: torch.nn.functional.linear(x, wb[i]) for i in range(bcopies)])
+            bf16 = graph_ms(lambda i: torch.nn.functional.linear(x, wb[i]), bcopies)
         else:
-            bf16 = graph_ms([lambda i=i: grouped_linear(x, wb[i], groups) for i in range(bcopies)])
+            bf16 = graph_ms(lambda i: grouped_linear(x, wb[i], groups), bcopies)
         y = fp8_gemm(x, q, s, groups, c)
         ref = fp8_gemm_torch(x, q, s, groups).float()
         err = float((y.float() - ref).norm() / ref.norm())
@@ -148,39 +127,40 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[i
     return best
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["v4_flash", "v4_pro"])
     ap.add_argument("--tp", nargs="+", type=int, default=[1, 8, 2, 4])
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this long")
-    ap.add_argument("--out", type=Path, default=Path("."))
-    a = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=Path("out/fp8_gemm_tune"))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    n_sm, bw, t0 = sm_count(torch.device("cuda")), read_bandwidth(), time.time()
+    n_sm, bw, t0 = sm_count(DEV), bandwidth(DEV, 1024)["read_GBps"] * 1e9, time.time()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs", flush=True)
     shapes: dict[str, tuple[int, int, int]] = {}
     for tp in a.tp:
         for model in a.models:
             for name, shp in weight_shapes(model, tp).items():
                 shapes.setdefault(shape_key(*shp), shp)
-    logf = open(a.out / "fp8_gemm_tune.jsonl", "w")
+    timings: list[dict] = []
     entries, measured = {}, {}
     for key, (n, k, groups) in shapes.items():
         if time.time() - t0 > a.budget_s:
             print(f"budget spent: {key} and later shapes untuned", flush=True)
             continue
-        best = tune_shape(n, k, groups, bw, n_sm, lambda r: logf.write(json.dumps(r) + "\n"))
+        best = tune_shape(n, k, groups, bw, n_sm, timings.append)
         entries[key] = {str(b): v["config"] for b, v in best.items()}
         measured[key] = best
-    logf.close()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    import triton
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(), "commit": commit.stdout.strip(),
-            "command": " ".join(["python -m benchmarks.fp8_gemm_tune"] + (argv or sys.argv[1:])),
-            "read_bandwidth_TBps": bw / 1e12, "date": time.strftime("%Y-%m-%d")}
-    (a.out / "fp8_gemm_table.json").write_text(json.dumps({"meta": meta, "entries": entries}, indent=1) + "\n")
-    (a.out / "fp8_gemm_measured.json").write_text(json.dumps({"meta": meta, "measured": measured}, indent=1) + "\n")
+    settings = {"models": a.models, "tp": a.tp, "budget_s": a.budget_s, "read_bandwidth_TBps": bw / 1e12}
+    write_records(a.out / "fp8_gemm_tune.jsonl", timings, settings)
+    write_records(a.out / "fp8_gemm_measured.jsonl",
+                  [{"shape": key, "M": b, **v} for key, by in measured.items() for b, v in by.items()], settings)
+    meta = {**record_header(settings), "date": time.strftime("%Y-%m-%d")}
+    write_text_atomic(a.out / "fp8_gemm_table.json", json.dumps({"meta": meta, "entries": entries}, indent=1) + "\n")
     bad = [(k, b) for k, by in measured.items() for b, v in by.items() if not v["ok"]]
     print(f"{len(entries)} shapes tuned in {time.time() - t0:.0f} s; {len(bad)} winners off their twin: {bad}")
     return 1 if bad else 0
