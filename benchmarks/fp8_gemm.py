@@ -32,6 +32,7 @@ from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import (LinearConfig, dequantize, fp8_linear, fp8_path, grouped_linear, k_splits,
                                    linear_triton, tile_config)
 from tp_runtime.weights.fp8 import quantize_fp8
+from tp_runtime.weights.specs import fp8_gemm_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = (1, 8, 32, 128)
@@ -50,12 +51,8 @@ def _graph_ms(call, items: list) -> float:
 
 
 def shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
-    """weight -> (N, K, groups) of one rank's FP8 GEMMs (wo_a: one grouped GEMM of G/tp groups)."""
-    m = load_config(ROOT / "configs" / f"{model}.yaml").model
-    H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
-    return {"wq_a+wkv": (Rq + D, hid, 1), "wq_b": (H * D // tp, Rq, 1),
-            "wo_a (grouped)": (G * Ro // tp, H * D // G, G // tp), "wo_b": (hid, G * Ro // tp, 1),
-            "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
+    """weight -> (N, K, groups) of each FP8 GEMM one rank of `tp` runs (weights/specs.py)."""
+    return fp8_gemm_shapes(load_config(ROOT / "configs" / f"{model}.yaml").model, tp)
 
 
 def _einsum(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:

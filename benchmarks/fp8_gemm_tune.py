@@ -37,6 +37,7 @@ from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, linear_triton
 from tp_runtime.paths import write_text_atomic
 from tp_runtime.weights.fp8 import quantize_fp8
+from tp_runtime.weights.specs import fp8_gemm_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 L2_BYTES = 50 << 20
@@ -44,11 +45,8 @@ TOL = 4e-3  # the same exact products summed in another fp32 order, each output 
 
 
 def weight_shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
-    """weight -> (N, K, groups) of each FP8 GEMM one rank runs (wo_a: one grouped GEMM of G/tp groups)."""
-    m = load_config(ROOT / "configs" / f"{model}.yaml").model
-    H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
-    return {"wq_a+wkv": (Rq + D, hid, 1), "wq_b": (H * D // tp, Rq, 1), "wo_a": (G * Ro // tp, H * D // G, G // tp),
-            "wo_b": (hid, G * Ro // tp, 1), "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, 1)}
+    """weight -> (N, K, groups) of each FP8 GEMM one rank of `tp` runs (weights/specs.py)."""
+    return fp8_gemm_shapes(load_config(ROOT / "configs" / f"{model}.yaml").model, tp)
 
 
 def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:

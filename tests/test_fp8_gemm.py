@@ -19,6 +19,7 @@ from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, TABLE_PATH, Fp8GemmTable, m
 from tp_runtime.ops.linear import dequantize
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.weights.fp8 import quantize_fp8
+from tp_runtime.weights.specs import fp8_gemm_shapes
 
 
 def test_scale_exponent_is_ceil_log2_of_amax_over_448():
@@ -92,21 +93,13 @@ def test_default_config_fits_every_size():
             assert 16 <= c.block_m <= 128 and c.block_n == 128 and 1 <= c.splits <= max(1, k // 128 // 4)
 
 
-def _shapes(name: str, tp: int) -> set[tuple[int, int, int]]:
-    m = load_config(ROOT / "configs" / f"{name}.yaml").model
-    H, D, G, Rq, Ro, hid = (m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank,
-                            m.hidden_size)
-    return {(Rq + D, hid, 1), (H * D // tp, Rq, 1), (G * Ro // tp, H * D // G, G // tp), (hid, G * Ro // tp, 1),
-            (m.index_n_heads * m.index_head_dim, Rq, 1)}
-
-
 def test_the_committed_table_covers_flash_and_pro_at_tp_1_and_8():
     raw = json.loads(TABLE_PATH.read_text())
     assert {"gpu", "torch", "triton", "command"} <= set(raw["meta"])
     table = Fp8GemmTable.load()
     for name in ("v4_flash", "v4_pro"):
         for tp in (1, 8):
-            for n, k, groups in _shapes(name, tp):
+            for n, k, groups in fp8_gemm_shapes(load_config(ROOT / "configs" / f"{name}.yaml").model, tp).values():
                 by_m = table.entries[shape_key(n, k, groups)]
                 assert sorted(by_m) == list(M_BUCKETS)
                 for c in by_m.values():

@@ -20,6 +20,7 @@ from tp_runtime.ops.linear import blockwise_scaled_mm_available
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
 from tp_runtime.weights.fp8 import quantize_fp8
+from tp_runtime.weights.specs import fp8_gemm_shapes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -31,12 +32,8 @@ MS = [1, 3, 8, 33, 128, 256, 512]
 
 
 def fp8_shapes(name: str, tp: int) -> set[tuple[int, int, int]]:
-    """(N, K, groups) of every FP8 GEMM one rank runs: wq_a + wkv, wq_b, wo_a (grouped), wo_b, indexer.wq_b."""
-    m = load_config(ROOT / "configs" / f"{name}.yaml").model
-    H, D, G, Rq, Ro, hid = (m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank,
-                            m.hidden_size)
-    return {(Rq + D, hid, 1), (H * D // tp, Rq, 1), (G * Ro // tp, H * D // G, G // tp), (hid, G * Ro // tp, 1),
-            (m.index_n_heads * m.index_head_dim, Rq, 1)}
+    """(N, K, groups) of every FP8 GEMM one rank runs (weights/specs.py)."""
+    return set(fp8_gemm_shapes(load_config(ROOT / "configs" / f"{name}.yaml").model, tp).values())
 
 
 SHAPES = sorted({s for name in ("v4_flash", "v4_pro") for tp in (1, 8) for s in fp8_shapes(name, tp)})

@@ -17,6 +17,7 @@ from conftest import ROOT, last_json, run_cli
 from tp_runtime.config import load_config
 from tp_runtime.ops.linear import LinearConfig, dequantize, fp8_path, grouped_linear, linear_triton, tile_config
 from tp_runtime.weights.fp8 import quantize_fp8
+from tp_runtime.weights.specs import fp8_gemm_shapes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,12 +29,9 @@ MS = [1, 3, 16, 128, 512]
 
 
 def fp8_shapes(name: str, tp: int) -> set[tuple[int, int]]:
-    """(N, K) of every FP8 GEMM one rank runs: wx_fp8 (wq_a + wkv), wq_b, wo_a per group, wo_b, indexer.wq_b."""
-    m = load_config(ROOT / "configs" / f"{name}.yaml").model
-    H, D, G, Rq, Ro, hid = (m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank,
-                            m.hidden_size)
-    return {(Rq + D, hid), (H * D // tp, Rq), (Ro, H * D // G), (hid, G * Ro // tp),
-            (m.index_n_heads * m.index_head_dim, Rq)}
+    """(N, K) of every FP8 GEMM one rank runs, wo_a per group (weights/specs.py)."""
+    shapes = fp8_gemm_shapes(load_config(ROOT / "configs" / f"{name}.yaml").model, tp).values()
+    return {(n // groups, k) for n, k, groups in shapes}
 
 
 SHAPES = sorted({s for name in ("v4_flash", "v4_pro") for tp in (1, 2, 4, 8) for s in fp8_shapes(name, tp)})

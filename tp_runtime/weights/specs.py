@@ -72,6 +72,15 @@ def _x_specs(cfg: ModelConfig, a: str, r: int, fp8: bool) -> list[TensorSpec]:
     return specs
 
 
+def fp8_gemm_shapes(cfg: ModelConfig, tp: int) -> dict[str, tuple[int, int, int]]:
+    """weight -> (N, K, groups) of each FP8 GEMM one rank of `tp` runs (N: all of its output rows; wo_a: one
+    grouped GEMM of its G / tp groups): the shapes the FP8 GEMM family's tuning table is keyed by."""
+    H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+    Rq, Ro, hid = cfg.q_lora_rank, cfg.o_lora_rank, cfg.hidden_size
+    return {"wq_a+wkv": (Rq + D, hid, 1), "wq_b": (H * D // tp, Rq, 1), "wo_a": (G * Ro // tp, H * D // G, G // tp),
+            "wo_b": (hid, G * Ro // tp, 1), "indexer.wq_b": (cfg.index_n_heads * cfg.index_head_dim, Rq, 1)}
+
+
 def is_fp8_param(spec: TensorSpec) -> bool:
     """The spec fills an FP8 parameter (qweight, with its block scales beside it)."""
     return spec.param.endswith(".qweight")
