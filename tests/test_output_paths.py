@@ -189,7 +189,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["points.jsonl"]
 
 
-def test_a_write_replaces_a_regular_file_keeping_its_mode_and_writes_through_a_symlink(tmp_path):
+def test_a_write_replaces_a_regular_file_keeping_its_mode_and_replaces_a_symlink_without_following_it(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text("old")
     path.chmod(0o640)
@@ -198,7 +198,7 @@ def test_a_write_replaces_a_regular_file_keeping_its_mode_and_writes_through_a_s
     link = tmp_path / "link.json"
     link.symlink_to(path)
     write_text_atomic(link, "via link")
-    assert link.is_symlink() and path.read_text() == "via link"
+    assert not link.is_symlink() and link.read_text() == "via link" and path.read_text() == "new"
     write_text_atomic(tmp_path / "new" / "dir" / "x.json", "{}")  # missing directories are created
     assert sorted(os.listdir(tmp_path)) == ["link.json", "new", "summary.json"]
 
