@@ -433,3 +433,14 @@ def test_published_results_replace_the_earlier_runs_files_all_together(tmp_path)
     assert (folder / "summary.json").read_text() == "new" and (folder / "notes.txt").read_text() == "old"
     assert not (folder / "rounds.jsonl").is_symlink() and (folder / "rounds.jsonl").read_text() == "new rounds"
     assert outside.read_text() == "not a result"
+
+
+def test_an_input_inside_the_staging_folder_is_refused_before_it_is_emptied(tmp_path):
+    from tp_runtime.results_folder import ResultsFolder
+
+    dataset = tmp_path / "x" / "unfinished" / "requests.jsonl"
+    dataset.parent.mkdir(parents=True)
+    dataset.write_text("kept")
+    with pytest.raises(OutputError, match=f"serve.dataset={dataset} lies inside"):
+        ResultsFolder(tmp_path / "x", ("summary.json",), "serve.output", {"serve.dataset": str(dataset)})
+    assert dataset.read_text() == "kept"

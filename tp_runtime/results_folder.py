@@ -20,6 +20,7 @@ import fcntl
 import os
 import shutil
 import stat
+from collections.abc import Mapping
 from pathlib import Path, PurePath
 from types import TracebackType
 
@@ -32,6 +33,8 @@ LOCK = ".lock"
 def results_path(output: str | Path, name: str, key: str) -> Path:
     """<output>/<name>, refused (naming `name` and `key`) unless name is a relative path that stays inside
     output: not empty, not absolute, no '..', not leading out through a symlink."""
+    if "\0" in name:
+        raise OutputError(f"name={name!r}: a results name cannot hold a NUL byte")
     parts = PurePath(name).parts
     where = f"name={name!r}: a results name is a folder inside {key}={output}"
     if not name.strip() or not parts or PurePath(name).is_absolute() or ".." in parts:
@@ -59,10 +62,16 @@ def _remove(p: Path) -> None:
 class ResultsFolder:
     """The lock on a results folder and its staging folder (see the module docstring)."""
 
-    def __init__(self, folder: Path, files: tuple[str, ...], key: str):
+    def __init__(self, folder: Path, files: tuple[str, ...], key: str,
+                 keep: Mapping[str, str | Path | None] | None = None):
         self.folder, self.files, self.key = Path(folder), files, key
         self.staging = self.folder / STAGING
         self._fd: int | None = None
+        staging = Path(os.path.realpath(self.staging))
+        for other_key, other in (keep or {}).items():  # the staging folder is emptied: never one the run reads from
+            if other and staging in Path(os.path.realpath(Path(other).expanduser())).parents:
+                raise OutputError(f"{key}: {other_key}={other} lies inside {self.staging}, which a run empties; "
+                                  "move it out")
 
     def __enter__(self) -> ResultsFolder:
         try:

@@ -132,8 +132,9 @@ def sweep_reads(sweep: SweepConfig) -> dict[str, str | None]:
 def _results(sweep: SweepConfig, held: ExitStack) -> ResultsFolder:
     """The sweep's results folder, checked against what the sweep reads, then locked (held until `held` ends)."""
     folder = results_path(sweep.bench.output, sweep.name, "bench.output")
-    check_output_dir(folder, "bench.output", OUTPUT_FILES, keep=sweep_reads(sweep))
-    return held.enter_context(ResultsFolder(folder, OUTPUT_FILES, "bench.output"))
+    reads = sweep_reads(sweep)
+    check_output_dir(folder, "bench.output", OUTPUT_FILES, keep=reads)
+    return held.enter_context(ResultsFolder(folder, OUTPUT_FILES, "bench.output", reads))
 
 
 def _checked_sweep(config_path: str, overrides: list[str], held: ExitStack

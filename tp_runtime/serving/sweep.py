@@ -87,8 +87,9 @@ def serve_reads(sc: ServeConfig) -> dict[str, str | None]:
 def _results(sc: ServeConfig, held: ExitStack) -> ResultsFolder:
     """The results folder, checked against what the run reads, then locked (held until `held` ends)."""
     folder = out_dir(sc)
-    check_output_dir(folder, "serve.output", OUTPUT_FILES, keep=serve_reads(sc))
-    return held.enter_context(ResultsFolder(folder, OUTPUT_FILES, "serve.output"))
+    reads = serve_reads(sc)
+    check_output_dir(folder, "serve.output", OUTPUT_FILES, keep=reads)
+    return held.enter_context(ResultsFolder(folder, OUTPUT_FILES, "serve.output", reads))
 
 
 def _checked(config_path: str, overrides: list[str], held: ExitStack) -> tuple[ServeConfig, ResultsFolder]:
