@@ -36,7 +36,8 @@ def test_a_failure_while_drawing_warns_in_one_line_and_removes_what_it_drew(tmp_
 
 def test_a_bad_mplbackend_warns_instead_of_failing(tmp_path):
     code = ("from pathlib import Path; from tp_runtime.optional_plots import write_optional_plots; "
-            f"print(write_optional_plots(True, 'bench.plots', 'tp_runtime.bench.plots', [], [], Path({str(tmp_path)!r})))")
+            "print(write_optional_plots(True, 'bench.plots', 'tp_runtime.bench.plots', [], [], "
+            f"Path({str(tmp_path)!r})))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(MPLBACKEND="nonexistent"),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
