@@ -189,7 +189,7 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["points.jsonl"]
 
 
-def test_a_write_replaces_a_regular_file_keeping_its_mode_and_writes_through_a_symlink(tmp_path):
+def test_a_write_replaces_a_regular_file_keeping_its_mode_and_replaces_a_symlink_without_following_it(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text("old")
     path.chmod(0o640)
@@ -198,7 +198,7 @@ def test_a_write_replaces_a_regular_file_keeping_its_mode_and_writes_through_a_s
     link = tmp_path / "link.json"
     link.symlink_to(path)
     write_text_atomic(link, "via link")
-    assert link.is_symlink() and path.read_text() == "via link"
+    assert not link.is_symlink() and link.read_text() == "via link" and path.read_text() == "new"
     write_text_atomic(tmp_path / "new" / "dir" / "x.json", "{}")  # missing directories are created
     assert sorted(os.listdir(tmp_path)) == ["link.json", "new", "summary.json"]
 
@@ -239,3 +239,208 @@ def test_write_checkpoint_refuses_a_directory_holding_another_checkpoint(tmp_pat
         write_checkpoint(load_config(TINY_PATH, ["model.layers=0"]), tmp_path, 1)
     assert sorted(os.listdir(tmp_path)) == ["config.json", INDEX]
     assert (tmp_path / "config.json").read_text() == '{"hidden_size": 7168}\n'
+
+
+# ---------------------------------------------------------------- outputs never touch what the run reads
+
+
+def _refused_here(capsys, argv: list[str], *needles: object) -> str:
+    """cli.main(argv) in this process: exit 2 and one `error:` line on stderr holding every needle."""
+    from tp_runtime.cli import main as cli_main
+
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for needle in map(str, needles):
+        assert needle in err[0], (needle, err[0])
+    return err[0]
+
+
+def _tiny_checkpoint(d: Path) -> Path:
+    write_checkpoint(load_config(TINY_PATH, ["model.layers=0"]), d, 1)
+    return d
+
+
+@pytest.mark.parametrize("how", ["itself", "symlink"])
+def test_run_refuses_a_dump_that_is_its_config_file(capsys, tmp_path, how):
+    config = tmp_path / "tiny.yaml"
+    config.write_bytes(Path(TINY_PATH).read_bytes())
+    dump = config if how == "itself" else tmp_path / "dump.safetensors"
+    if how == "symlink":
+        dump.symlink_to(config)
+    before = config.read_bytes()
+    _refused_here(capsys, ["run", str(config), "parallel.launcher=local", f"workload.dump={dump}"],
+                  f"workload.dump={dump}", f"CONFIG={config}")
+    assert config.read_bytes() == before
+
+
+def test_run_refuses_a_dump_inside_the_checkpoint_it_loads(capsys, tmp_path):
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    shard = ckpt / "model-00001-of-00001.safetensors"
+    before = shard.read_bytes()
+    _refused_here(capsys, ["run", TINY_PATH, "parallel.launcher=local", f"model.checkpoint={ckpt}", "model.layers=0",
+                           f"workload.dump={shard}"], f"workload.dump={shard}", f"lies inside model.checkpoint={ckpt}")
+    assert shard.read_bytes() == before
+
+
+def test_a_checkpoint_file_reached_through_a_symlink_is_protected_where_it_lies(tmp_path):
+    ckpt, blobs = _tiny_checkpoint(tmp_path / "ckpt"), tmp_path / "blobs"
+    blobs.mkdir()
+    shard = ckpt / "model-00001-of-00001.safetensors"
+    shard.rename(blobs / "abc")  # a hub cache's layout: the checkpoint folder holds symlinks into a blob store
+    shard.symlink_to(blobs / "abc")
+    with pytest.raises(OutputError, match=f"is {blobs / 'abc'}, which model.checkpoint={ckpt} holds"):
+        check_output_file(blobs / "abc", "workload.dump", keep={"model.checkpoint": str(ckpt)})
+
+
+def test_write_checkpoint_refuses_the_checkpoint_its_config_reads(capsys, tmp_path):
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    _refused_here(capsys, ["write-checkpoint", TINY_PATH, str(ckpt), f"model.checkpoint={ckpt}", "model.layers=0"],
+                  f"write-checkpoint OUT_DIR={ckpt}", f"model.checkpoint={ckpt}")
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+def test_serve_bench_refuses_results_that_would_overwrite_its_dataset_or_checkpoint(capsys, tmp_path):
+    out = tmp_path / "out"
+    (out / "x").mkdir(parents=True)
+    dataset = out / "x" / "settings.jsonl"  # where serve-bench's settings.jsonl would go
+    dataset.write_text('{"prompt_len": 8, "output_len": 4}\n')
+    _refused_here(capsys, ["serve-bench", "configs/serve_tiny.yaml", f"serve.output={out}", "name=x",
+                           f"serve.dataset={dataset}"], "serve.output", f"serve.dataset={dataset}")
+    assert dataset.read_text() == '{"prompt_len": 8, "output_len": 4}\n'
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    _refused_here(capsys, ["serve-bench", "configs/serve_tiny.yaml", f"serve.output={ckpt}", f"model.checkpoint={ckpt}",
+                           "model.layers=0"], f"serve.output={ckpt / 'serve_tiny'}", f"model.checkpoint={ckpt}")
+    assert not (ckpt / "serve_tiny").exists()
+
+
+def test_bench_refuses_results_that_would_overwrite_its_base_config(capsys, tmp_path):
+    out = tmp_path / "out"
+    (out / "tiny").mkdir(parents=True)
+    base = out / "tiny" / "summary.json"  # a run config where the sweep's summary would go
+    base.write_bytes(Path(TINY_PATH).read_bytes())
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text((Path(TINY_PATH).parent / "bench_tiny.yaml").read_text().replace("base: tiny.yaml",
+                                                                                      f"base: {base}"))
+    assert f"base: {base}" in sweep.read_text()
+    _refused_here(capsys, ["bench", str(sweep), f"bench.output={out}"], "bench.output", f"base={base}")
+    assert base.read_bytes() == Path(TINY_PATH).read_bytes()
+
+
+# ---------------------------------------------------------------- results names stay inside the output folder
+
+
+@pytest.mark.parametrize("name", ["", "/abs/x", "../escape", "a/../../escape"])
+def test_serve_bench_refuses_a_name_that_is_empty_or_escapes_its_output(capsys, tmp_path, name):
+    out = tmp_path / "out"
+    line = _refused_here(capsys, ["serve-bench", "configs/serve_tiny.yaml", f"serve.output={out}", f"name={name}"],
+                         f"name={name!r}", f"serve.output={out}")
+    assert "non-empty relative path" in line
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_name_leading_out_through_a_symlink_is_refused(tmp_path):
+    from tp_runtime.results_folder import results_path
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "link").symlink_to(tmp_path)
+    with pytest.raises(OutputError, match="outside it"):
+        results_path(tmp_path / "out", "link/x", "bench.output")
+    assert results_path(tmp_path / "out", "a/b", "bench.output") == tmp_path / "out" / "a" / "b"
+
+
+def test_bench_refuses_an_empty_name(capsys, tmp_path):
+    _refused_here(capsys, ["bench", "configs/bench_tiny.yaml", f"bench.output={tmp_path}", "name="],
+                  "name=''", f"bench.output={tmp_path}")
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- dumps: folders, modes, long names
+
+
+def test_a_dump_with_a_trailing_slash_names_a_folder_and_is_refused(capsys, tmp_path):
+    dump = f"{tmp_path}/x/"
+    _refused_here(capsys, ["run", TINY_PATH, "parallel.launcher=local", f"workload.dump={dump}"],
+                  f"workload.dump={dump}", "names a folder")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_replaced_dump_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path):
+    workload = build_workload(load_config(TINY_PATH, ["workload.requests=1", "workload.prompt_lens=[3]",
+                                                      "workload.decode_lens=[1]"]))
+    old, new = tmp_path / "old.safetensors", tmp_path / "new.safetensors"
+    old.write_text("x")
+    old.chmod(0o644)
+    write_dump(str(old), workload, {0: torch.zeros(4, 64)})
+    write_dump(str(new), workload, {0: torch.zeros(4, 64)})
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(old).st_mode) == 0o644 and stat.S_IMODE(os.stat(new).st_mode) == 0o666 & ~umask
+    assert load_file(old)["output.0"].shape == (4, 64)
+
+
+@pytest.mark.parametrize("what", ["name", "path"])
+def test_a_dump_name_or_path_over_the_limit_is_one_line(capsys, tmp_path, what):
+    dump = tmp_path / ("a" * 300) if what == "name" else tmp_path / "/".join(["b" * 200] * 25)
+    line = _refused_here(capsys, ["run", TINY_PATH, "parallel.launcher=local", f"workload.dump={dump}"],
+                         "workload.dump=")
+    assert "too long" in line
+    with pytest.raises(OutputError, match="too long"):  # a results folder's long name, too
+        check_output_dir(dump, "bench.output")
+
+
+# ---------------------------------------------------------------- results folders: one writer, one run's files
+
+
+def test_a_second_writer_of_a_results_folder_is_refused(capsys, tmp_path):
+    import fcntl
+
+    folder = tmp_path / "serve_tiny"
+    folder.mkdir()
+    with open(folder / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another run writing the folder
+        _refused_here(capsys, ["serve-bench", "configs/serve_tiny.yaml", f"serve.output={tmp_path}"],
+                      "serve.output", f"{folder} is being written by another run")
+        _refused_here(capsys, ["bench", "configs/bench_tiny.yaml", f"bench.output={tmp_path}", "name=serve_tiny"],
+                      "bench.output", f"{folder} is being written by another run")
+    assert sorted(os.listdir(folder)) == [".lock"]
+
+
+def test_published_results_replace_the_earlier_runs_files_all_together(tmp_path):
+    from tp_runtime.results_folder import ResultsFolder
+
+    folder, outside = tmp_path / "out" / "x", tmp_path / "outside.txt"
+    folder.mkdir(parents=True)
+    outside.write_text("not a result")
+    for name in ("summary.json", "plot.png", "notes.txt"):
+        (folder / name).write_text("old")
+    (folder / "rounds.jsonl").symlink_to(outside)
+    files = ("summary.json", "rounds.jsonl", "plot.png", "traces")
+    with ResultsFolder(folder, files, "serve.output") as results:
+        write_text_atomic(results.staging / "summary.json", "new")
+        write_text_atomic(results.staging / "rounds.jsonl", "new rounds")
+        assert (folder / "summary.json").read_text() == "old"  # nothing published yet
+    assert (folder / "unfinished" / "summary.json").read_text() == "new"  # a run that stopped: kept apart
+    assert (folder / "summary.json").read_text() == "old" and (folder / "rounds.jsonl").is_symlink()
+    with ResultsFolder(folder, files, "serve.output") as results:
+        assert os.listdir(results.staging) == []  # the unfinished run's files are gone
+        write_text_atomic(results.staging / "summary.json", "new")
+        write_text_atomic(results.staging / "rounds.jsonl", "new rounds")
+        (results.staging / "traces").mkdir()
+        results.publish()
+    assert sorted(os.listdir(folder)) == [".lock", "notes.txt", "rounds.jsonl", "summary.json", "traces"]
+    assert (folder / "summary.json").read_text() == "new" and (folder / "notes.txt").read_text() == "old"
+    assert not (folder / "rounds.jsonl").is_symlink() and (folder / "rounds.jsonl").read_text() == "new rounds"
+    assert outside.read_text() == "not a result"
+
+
+def test_an_input_inside_the_staging_folder_is_refused_before_it_is_emptied(tmp_path):
+    from tp_runtime.results_folder import ResultsFolder
+
+    dataset = tmp_path / "x" / "unfinished" / "requests.jsonl"
+    dataset.parent.mkdir(parents=True)
+    dataset.write_text("kept")
+    with pytest.raises(OutputError, match=f"serve.dataset={dataset} lies inside"):
+        ResultsFolder(tmp_path / "x", ("summary.json",), "serve.output", {"serve.dataset": str(dataset)})
+    assert dataset.read_text() == "kept"

@@ -22,10 +22,10 @@ from tp_runtime.engine.command import interruptible, launch_command
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
 from tp_runtime.parallel.launcher import check_launchable
-from tp_runtime.paths import check_output_file
+from tp_runtime.paths import check_output_dir, check_output_file, run_reads
 from tp_runtime.weights.checkpoint_read import validate_checkpoint
 from tp_runtime.weights.checkpoint_write import write_checkpoint
-from tp_runtime.weights.format import CheckpointError
+from tp_runtime.weights.format import INDEX, CheckpointError
 from tp_runtime.weights.specs import check_fp8_shards
 
 
@@ -74,7 +74,7 @@ def _validate_inputs(cfg: RunConfig) -> None:
     if cfg.model.checkpoint:
         validate_checkpoint(cfg.model, cfg.model.checkpoint)
     if cfg.workload.dump:  # on this machine; rank 0 writes it (elsewhere only under a multi-node Ray)
-        check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
+        check_output_file(cfg.workload.dump, "workload.dump", keep=run_reads(cfg))
     check_memory(cfg)  # each rank's weights, caches and workspace against its device's memory
 
 
@@ -121,6 +121,8 @@ def _finish_check(cfg: RunConfig, rec: dict, wall_s: float) -> int:
 
 
 def _cmd_write_checkpoint(cfg: RunConfig, out_dir: str, n_files: int) -> int:
+    # never the folder, or a folder inside what the run reads (the config, a checkpoint the config names)
+    check_output_dir(out_dir, "write-checkpoint OUT_DIR", files=(INDEX, "config.json"), keep=run_reads(cfg))
     rec = write_checkpoint(cfg, out_dir, n_files)
     print(f"tp_runtime write-checkpoint: {rec['layers']} layers, {rec['tensors']} tensors, "
           f"{rec['bytes'] / 2**20:.1f} MiB in {rec['files']} files under {rec['directory']}")

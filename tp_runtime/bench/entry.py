@@ -32,6 +32,7 @@ from tp_runtime.config import config_from_dict
 from tp_runtime.engine.session import RankSession
 from tp_runtime.executor.timing import timer_name
 from tp_runtime.parallel.group import TPGroup
+from tp_runtime.results_folder import STAGING
 
 
 def bench_entry(cfg_dict: dict, bench_dict: dict) -> list[dict] | None:
@@ -62,8 +63,9 @@ def _open_outputs(env: BenchEnv, progress: dict) -> None:
 
 
 def partial_log(output: str, name: str) -> Path:
-    """Where a sweep's records are appended point by point (points.jsonl is written at the end)."""
-    return Path(output) / name / "partial.jsonl"
+    """Where a sweep's records are appended point by point (points.jsonl is written at the end): the results
+    folder's staging folder, moved up when the sweep finishes (results_folder.py)."""
+    return Path(output) / name / STAGING / "partial.jsonl"
 
 
 def machine_info(tp: TPGroup, bench_dict: dict) -> dict:

@@ -4,7 +4,8 @@
     <output>/<name>/comparisons.jsonl  speedups of interleaved variants; prefill-vs-seeded agreement
     <output>/<name>/summary.json       what ran, where, with which versions, and the headline ratios
 
-Each is written atomically (paths.atomic_output) and replaces only a regular file.
+Each is written atomically (paths.atomic_output) into <name>/unfinished/, and a finished sweep moves them all up
+together (results_folder.py): the folder never mixes two runs' files.
 Projected points and their comparisons (`projected: true`, grid.shard_of_tp: one rank's shard alone, the
 all-reduce left out; bench/projection.py) stay apart from measured ones: their own table, their own
 headline keys, never a row of the measured tables. A record whose step beat its roofline model
@@ -21,9 +22,10 @@ from tp_runtime.paths import atomic_output
 
 PLOT_FILES = ("step_time_vs_batch.png", "speedup_vs_tp.png", "roofline_ratio_vs_context.png",
               "projected_speedup_vs_tp.png")  # plots.py
-# Every file a sweep may write in <output>/<name>/ (partial.jsonl: bench/entry.py; profile_view.txt: bench/steps.py).
+# Every file a sweep may write in <output>/<name>/ (partial.jsonl: bench/entry.py; profile_view.txt and the
+# traces folder: bench/steps.py): a finished sweep replaces them all (results_folder.py).
 OUTPUT_FILES = ("points.jsonl", "comparisons.jsonl", "summary.json", "partial.jsonl", "profile_view.txt",
-                *PLOT_FILES)
+                "traces", *PLOT_FILES)
 
 def split_records(records: list[dict]) -> tuple[list[dict], list[dict]]:
     points = [r for r in records if r["kind"] == "point"]

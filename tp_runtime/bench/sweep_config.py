@@ -112,6 +112,7 @@ class SweepConfig:
     grid: dict[str, list]
     bench: BenchSettings = field(default_factory=BenchSettings)
     source: str = "<sweep>"
+    base_file: str | None = None  # the base run config's file (None: inline)
 
     @property
     def modes(self) -> list[str]:
@@ -184,7 +185,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepCon
     path = Path(path)
     f = read_sweep_file(path, "sweep config", "bench", overrides)
     source = str(path)
-    sweep = SweepConfig(f.name, f.base, f.grid, from_mapping(BenchSettings, f.own, "bench", source), source)
+    sweep = SweepConfig(f.name, f.base, f.grid, from_mapping(BenchSettings, f.own, "bench", source), source,
+                        f.base_file)
     _validate(sweep, path)
     return sweep
 

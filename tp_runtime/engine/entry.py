@@ -24,7 +24,7 @@ from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.session import RankSession
 from tp_runtime.parallel.launcher import run_on_ranks
-from tp_runtime.paths import check_output_file
+from tp_runtime.paths import check_output_file, run_reads
 
 
 def worker_entry(cfg_dict: dict, oneshot: bool = False, keep_outputs: bool = False):
@@ -66,7 +66,7 @@ def _torchrun_config(args: list[str]) -> RunConfig:
         raise ConfigError(f"torchrun started {world} processes (nnodes x nproc-per-node) but "
                           f"parallel.tp={cfg.parallel.tp}; they must be equal")
     if cfg.workload.dump and os.environ.get("RANK") == "0":  # rank 0 writes it, on its machine
-        check_output_file(cfg.workload.dump, "workload.dump", keep={"workload.inputs": cfg.workload.inputs})
+        check_output_file(cfg.workload.dump, "workload.dump", keep=run_reads(cfg))
     return cfg
 
 

@@ -74,6 +74,7 @@ class ServeConfig:
     rows: list[tuple[int, int]] | None = None  # the dataset's (prompt_len, output_len)
     source: str = "<serve>"
     lengths: dict = field(default_factory=dict)  # how the lengths were given (for the records)
+    base_file: str | None = None  # the base run config's file (None: inline)
 
     def worker_config(self, mode: str) -> RunConfig:
         """The RunConfig of the Worker of one graph mode (all share the base's model and runtime)."""
@@ -109,7 +110,9 @@ def load_serve(path: str | Path, overrides: list[str] | None = None) -> ServeCon
     """Read a serve-bench YAML, apply command-line words, validate everything a launch needs."""
     path = Path(path)
     f = read_sweep_file(path, "serve-bench config", "serve", overrides)
-    return _validated(f.name, f.base, f.grid, f.own, str(path))
+    sc = _validated(f.name, f.base, f.grid, f.own, str(path))
+    sc.base_file = f.base_file
+    return sc
 
 
 # ---------------------------------------------------------------- validation

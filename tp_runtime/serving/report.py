@@ -6,8 +6,9 @@ JSON lines and the summary.
     <output>/<name>/summary.json     what ran, where, and the files
     <output>/<name>/*.png            plots.py
 
-Each is written atomically (paths.atomic_output) and replaces only a regular file; stdout gets the table, one
-strict JSON line per setting, and the summary as its last line.
+Each is written atomically (paths.atomic_output) into <name>/unfinished/, and a finished run moves them all up
+together (results_folder.py), so the folder never mixes two runs' files; stdout gets the table, one strict JSON
+line per setting, and the summary as its last line.
 """
 
 from __future__ import annotations
