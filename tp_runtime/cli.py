@@ -122,6 +122,8 @@ def _finish_check(cfg: RunConfig, rec: dict, wall_s: float) -> int:
 
 def _cmd_write_checkpoint(cfg: RunConfig, out_dir: str, n_files: int) -> int:
     rec = write_checkpoint(cfg, out_dir, n_files)
+    for note in rec["notes"]:  # what an earlier, interrupted write left, and what became of it
+        print(f"warning: {note}", file=sys.stderr)
     print(f"tp_runtime write-checkpoint: {rec['layers']} layers, {rec['tensors']} tensors, "
           f"{rec['bytes'] / 2**20:.1f} MiB in {rec['files']} files under {rec['directory']}")
     print(json.dumps({"command": "write-checkpoint", **rec}), flush=True)
