@@ -56,7 +56,7 @@ def read_checkpoint_config(directory: str | Path) -> tuple[dict, Path]:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"model.checkpoint: {path} does not exist") from None
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's depth
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # not JSON, not UTF-8, too deep
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:
         raise ConfigError(f"model.checkpoint: {path} cannot be read ({e.strerror or e})") from None
