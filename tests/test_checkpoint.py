@@ -300,6 +300,57 @@ def test_cli_refuses_a_bad_checkpoint_before_starting_ranks(ckpt, tmp_path):
     assert FILE2 in proc.stderr and "BF16" in proc.stderr
 
 
+def _point(tensor: str, to) -> callable:
+    """An index edit: tensor's entry (and its scale's) names the file to(d), d the checkpoint's folder."""
+    def edit(index: dict, d: Path) -> None:
+        for name in (tensor, scale_name(tensor)):
+            index["weight_map"][name] = to(d)
+    return edit
+
+
+ESCAPES = {
+    "parent": lambda d: f"../{d.name}/{FILE2}",  # the very file, reached from outside the folder
+    "absolute": lambda d: str(d / FILE2),
+    "inside, then out": lambda d: f"sub/../../{d.name}/{FILE2}",
+}
+
+
+@pytest.mark.parametrize("case", list(ESCAPES))
+def test_index_entries_outside_the_checkpoint_folder_are_refused_naming_the_entry(ckpt, tmp_path, case):
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    index = json.loads((d / INDEX).read_text())
+    _point("layers.2.attn.wq_b.weight", ESCAPES[case])(index, d)
+    (d / INDEX).write_text(json.dumps(index))
+    cfg = cfg_for(ckpt, "model.layers=2-3")
+    with pytest.raises(CheckpointError, match=r"entry 'layers\.2\.attn\.wq_b\.(weight|scale)' -> .* names a file "
+                                              r"outside the checkpoint directory"):
+        validate_checkpoint(cfg.model, d)
+
+
+def test_symlinks_the_checkpoint_folder_holds_are_followed(ckpt, tmp_path):
+    """A Hugging Face cache snapshot links every file to ../../blobs/<hash>: such a folder still loads."""
+    (tmp_path / "blobs").mkdir()
+    d = tmp_path / "snapshots" / "rev"
+    d.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        shutil.copy(f, tmp_path / "blobs" / f.name)
+        (d / f.name).symlink_to(Path("..", "..", "blobs", f.name))
+    validate_checkpoint(cfg_for(ckpt).model, d)
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX, FILE2])
+def test_a_checkpoint_file_that_is_a_directory_is_refused_in_one_line(ckpt, tmp_path, name):
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    (d / name).unlink()
+    (d / name).mkdir()
+    with pytest.raises(CheckpointError, match=f"{d / name} is not a regular file"):
+        validate_checkpoint(cfg_for(ckpt).model, d)
+    if name == "config.json":  # the run's config is read first: the CLI's one line, not a traceback
+        assert_refused(run_cli(["run", TINY, f"model.checkpoint={d}", *RUN], timeout_s=300), d / name)
+
+
 # ---------------------------------------------------------------- non-finite data (headers cannot show it)
 
 
