@@ -94,10 +94,10 @@ def write_checkpoint(cfg: RunConfig, directory: str | Path, n_files: int = 4) ->
                  "weight_map": dict(sorted(weight_map.items()))}
         write_text_atomic(swap.new / INDEX, json.dumps(index, indent=1) + "\n")
         write_text_atomic(swap.new / "config.json", json.dumps(checkpoint_config_json(m), indent=1) + "\n")
-        removed = [] if old is None else _stale_shards(old, set(names))
+        removed: list[str] = []
         if old is not None:  # what is not this writer's stays, as it is
-            replaced = {*names, *removed, INDEX, "config.json"}
-            carry_over(old, swap.new, sorted(set(os.listdir(old)) - replaced))
+            removed = _stale_shards(old, set(names))
+            carry_over(old, swap.new, sorted(set(os.listdir(old)) - {*names, *removed, INDEX, "config.json"}))
     return {"directory": str(out), "files": n_files, "layers": len(m.layer_ids()), "tensors": len(weight_map),
             "bytes": total, "removed": removed, "notes": swap.notes}
 
