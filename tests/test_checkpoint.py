@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,9 @@ from tp_runtime.executor.worker import Worker
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process
 from tp_runtime.verify.check import TOLERANCES, max_rel_err
+from tp_runtime.paths import OutputError
 from tp_runtime.weights import checkpoint_read as checkpoint
+from tp_runtime.weights import checkpoint_write
 from tp_runtime.weights.checkpoint_read import load_checkpoint, read_raw_bytes, validate_checkpoint
 from tp_runtime.weights.checkpoint_write import stored_values, write_checkpoint
 from tp_runtime.weights.fill import draw_full
@@ -35,7 +40,7 @@ from tp_runtime.weights.format import INDEX, CheckpointError, scale_name
 from tp_runtime.ops.linear import e8m0_scales
 from tp_runtime.weights.fp8 import dequantize_fp8, quantize_fp8
 from tp_runtime.weights.specs import model_specs, place, shard_of
-from conftest import ROOT, last_json, run_cli
+from conftest import ROOT, assert_refused, child_env, last_json, run_cli
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 CPU = torch.device("cpu")
@@ -298,6 +303,57 @@ def test_cli_refuses_a_bad_checkpoint_before_starting_ranks(ckpt, tmp_path):
     assert FILE2 in proc.stderr and "BF16" in proc.stderr
 
 
+def _point(tensor: str, to) -> callable:
+    """An index edit: tensor's entry (and its scale's) names the file to(d), d the checkpoint's folder."""
+    def edit(index: dict, d: Path) -> None:
+        for name in (tensor, scale_name(tensor)):
+            index["weight_map"][name] = to(d)
+    return edit
+
+
+ESCAPES = {
+    "parent": lambda d: f"../{d.name}/{FILE2}",  # the very file, reached from outside the folder
+    "absolute": lambda d: str(d / FILE2),
+    "inside, then out": lambda d: f"sub/../../{d.name}/{FILE2}",
+}
+
+
+@pytest.mark.parametrize("case", list(ESCAPES))
+def test_index_entries_outside_the_checkpoint_folder_are_refused_naming_the_entry(ckpt, tmp_path, case):
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    index = json.loads((d / INDEX).read_text())
+    _point("layers.2.attn.wq_b.weight", ESCAPES[case])(index, d)
+    (d / INDEX).write_text(json.dumps(index))
+    cfg = cfg_for(ckpt, "model.layers=2-3")
+    with pytest.raises(CheckpointError, match=r"entry 'layers\.2\.attn\.wq_b\.(weight|scale)' -> .* names a file "
+                                              r"outside the checkpoint directory"):
+        validate_checkpoint(cfg.model, d)
+
+
+def test_symlinks_the_checkpoint_folder_holds_are_followed(ckpt, tmp_path):
+    """A Hugging Face cache snapshot links every file to ../../blobs/<hash>: such a folder still loads."""
+    (tmp_path / "blobs").mkdir()
+    d = tmp_path / "snapshots" / "rev"
+    d.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        shutil.copy(f, tmp_path / "blobs" / f.name)
+        (d / f.name).symlink_to(Path("..", "..", "blobs", f.name))
+    validate_checkpoint(cfg_for(ckpt).model, d)
+
+
+@pytest.mark.parametrize("name", ["config.json", INDEX, FILE2])
+def test_a_checkpoint_file_that_is_a_directory_is_refused_in_one_line(ckpt, tmp_path, name):
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    (d / name).unlink()
+    (d / name).mkdir()
+    with pytest.raises(CheckpointError, match=f"{d / name} is not a regular file"):
+        validate_checkpoint(cfg_for(ckpt).model, d)
+    if name == "config.json":  # the run's config is read first: the CLI's one line, not a traceback
+        assert_refused(run_cli(["run", TINY, f"model.checkpoint={d}", *RUN], timeout_s=300), d / name)
+
+
 # ---------------------------------------------------------------- non-finite data (headers cannot show it)
 
 
@@ -383,6 +439,100 @@ def test_write_into_a_reused_directory_removes_its_old_shards_only(tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir()) == sorted([
         "config.json", INDEX, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "notes.txt"])
     validate_checkpoint(load_config(TINY, RUN + [f"model.checkpoint={tmp_path}"]).model, tmp_path)
+
+
+# ---------------------------------------------------------------- written whole
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    """Every file under d (relative name -> bytes)."""
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def _beside(d: Path) -> list[str]:
+    """What a write leaves beside folder d in its parent: its lock, new or swapped-out folder."""
+    return sorted(f.name for f in d.parent.iterdir() if f.name.startswith(f".{d.name}."))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_rewrite_leaves_the_old_checkpoint_whole(tmp_path, sig):
+    d = tmp_path / "ck"
+    write_checkpoint(load_config(TINY, RUN), d, 6)
+    (d / "notes.txt").write_text("mine")
+    before = _files(d)
+    # A rewrite with other weights (seed 1), stopped once its first shard is written (of 6, ~1 s apart here).
+    proc = subprocess.Popen([sys.executable, "-m", "tp_runtime.cli", "write-checkpoint", TINY, str(d), "--files", "6",
+                             *RUN, "runtime.seed=1"], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = tmp_path / ".ck.new" / "model-00001-of-00006.safetensors"
+        deadline = time.monotonic() + 120
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), err[-3000:]
+    assert _files(d) == before  # every file as it was: no new shard beside old ones
+    if sig == signal.SIGINT:
+        assert "Traceback" not in err and err.strip().splitlines() == ["error: interrupted (SIGINT)"], err
+        assert _beside(d) == []  # the unfinished folder and the lock are removed on the way out
+    else:  # a crash leaves the unfinished folder; the next write removes it and says so
+        assert ".ck.new" in _beside(d)
+        rec = write_checkpoint(load_config(TINY, RUN + ["runtime.seed=1"]), d, 6)
+        assert any(".ck.new" in n and "unfinished" in n for n in rec["notes"]), rec["notes"]
+        assert _beside(d) == [] and (d / "notes.txt").read_text() == "mine"
+    validate_checkpoint(load_config(TINY, RUN + [f"model.checkpoint={d}"]).model, d)
+
+
+def test_a_crash_between_the_swap_renames_is_named_by_a_load_and_undone_by_the_next_write(tmp_path):
+    d = tmp_path / "ck"
+    write_checkpoint(load_config(TINY, RUN), d, 3)
+    before = _files(d)
+    # The state a crash between the two renames leaves: the old folder aside, the new one whole beside it.
+    d.rename(tmp_path / ".ck.old")
+    (tmp_path / ".ck.new").mkdir()
+    (tmp_path / ".ck.new" / "model-00001-of-00003.safetensors").write_bytes(b"new")
+    with pytest.raises(ConfigError, match=r"is not a directory.*\.ck\.old holds the checkpoint a write-checkpoint "
+                                          r"was replacing"):
+        load_config(TINY, RUN + [f"model.checkpoint={d}"])
+    rec = write_checkpoint(load_config(TINY, RUN + ["runtime.seed=2"]), d, 3)
+    assert any(n.startswith(f"restored {d} from ") for n in rec["notes"]), rec["notes"]
+    assert _beside(d) == [] and _files(d).keys() == before.keys() and _files(d) != before  # restored, then rewritten
+
+
+def test_a_second_writer_into_the_same_folder_is_refused_at_once(tmp_path, monkeypatch):
+    d = tmp_path / "ck"
+    write_checkpoint(load_config(TINY, RUN), d, 3)
+    wrote_one, go_on = threading.Event(), threading.Event()
+    save = checkpoint_write.save_file
+
+    def paused_save(*args, **kwargs):  # the first writer stops after its first shard until told to go on
+        save(*args, **kwargs)
+        wrote_one.set()
+        assert go_on.wait(120)
+
+    monkeypatch.setattr(checkpoint_write, "save_file", paused_save)
+    first: dict = {}
+    writer = threading.Thread(target=lambda: first.update(write_checkpoint(load_config(TINY, RUN), d, 2)))
+    writer.start()
+    try:
+        assert wrote_one.wait(120)
+        with pytest.raises(OutputError, match=f"OUT_DIR={d}: another write-checkpoint is writing {d} now"):
+            write_checkpoint(load_config(TINY, RUN + ["runtime.seed=1"]), d, 3)
+        proc = run_cli(["write-checkpoint", TINY, str(d), "--files", "3", *RUN], timeout_s=300)
+        assert_refused(proc, str(d), "another write-checkpoint is writing")
+    finally:
+        go_on.set()
+        writer.join(120)
+    assert first["removed"] == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    index = json.loads((d / INDEX).read_text())
+    assert sorted(set(index["weight_map"].values())) == sorted(f.name for f in d.glob("model-*.safetensors"))
+    validate_checkpoint(load_config(TINY, RUN + [f"model.checkpoint={d}"]).model, d)
+    assert _beside(d) == []
 
 
 # ---------------------------------------------------------------- config merge

@@ -124,6 +124,8 @@ def _cmd_write_checkpoint(cfg: RunConfig, out_dir: str, n_files: int) -> int:
     # never the folder, or a folder inside what the run reads (the config, a checkpoint the config names)
     check_output_dir(out_dir, "write-checkpoint OUT_DIR", files=(INDEX, "config.json"), keep=run_reads(cfg))
     rec = write_checkpoint(cfg, out_dir, n_files)
+    for note in rec["notes"]:  # what an earlier, interrupted write left, and what became of it
+        print(f"warning: {note}", file=sys.stderr)
     print(f"tp_runtime write-checkpoint: {rec['layers']} layers, {rec['tensors']} tensors, "
           f"{rec['bytes'] / 2**20:.1f} MiB in {rec['files']} files under {rec['directory']}")
     print(json.dumps({"command": "write-checkpoint", **rec}), flush=True)

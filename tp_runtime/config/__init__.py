@@ -19,7 +19,7 @@ The rest of the project imports from here (`from tp_runtime.config import ...`),
 # ConfigError is defined beside the YAML reader (which raises it too, and which imports nothing of the project).
 from tp_runtime.config.build import from_mapping, parse_override, set_dotted
 from tp_runtime.config.checkpoint import (CHECKPOINT_CONFIG, RUN_MODEL_KEYS, SHAPE_KEYS, checkpoint_disagreements,
-                                          merge_checkpoint_config, read_checkpoint_config)
+                                          merge_checkpoint_config, read_checkpoint_config, swapped_out)
 from tp_runtime.config.device_checks import check_machine, uses_fp8_cache, uses_fp8_weights
 from tp_runtime.config.loading import config_from_dict, load_config, read_yaml
 from tp_runtime.config.schema import (GraphConfig, ModelConfig, ParallelConfig, RopeScaling, RunConfig, RuntimeConfig,
@@ -32,5 +32,6 @@ __all__ = [
     "ParallelConfig", "RopeScaling", "RunConfig", "RuntimeConfig", "WorkloadConfig", "breakable_sizes",
     "check_machine", "checkpoint_disagreements", "compressed_len", "config_from_dict", "eager_steps_warning",
     "from_mapping", "load_config", "merge_checkpoint_config", "parse_layer_spec", "parse_override",
-    "read_checkpoint_config", "read_yaml", "set_dotted", "uses_fp8_cache", "uses_fp8_weights", "validate",
+    "read_checkpoint_config", "read_yaml", "set_dotted", "swapped_out", "uses_fp8_cache", "uses_fp8_weights",
+    "validate",
 ]

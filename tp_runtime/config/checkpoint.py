@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,21 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_d
               "q_lora_rank", "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim", "compress_ratios")
 
 
+def swapped_out(directory: Path) -> Path:
+    """Where write-checkpoint keeps the previous checkpoint between the two renames that swap in a new one."""
+    return directory.parent / f".{directory.name}.old"
+
+
+def _not_a_directory(directory: str | Path) -> ConfigError:
+    msg = (f"model.checkpoint={str(directory)!r} is not a directory (a DeepSeek-V4 checkpoint directory holds "
+           "config.json, model.safetensors.index.json and model-*.safetensors)")
+    previous = swapped_out(Path(directory).expanduser().absolute())
+    if previous.is_dir():
+        msg += (f"; {previous} holds the checkpoint a write-checkpoint was replacing when it was stopped: the next "
+                "write-checkpoint into that directory puts it back first, or rename it yourself")
+    return ConfigError(msg)
+
+
 def read_checkpoint_config(directory: str | Path) -> tuple[dict, Path]:
     """The ModelConfig keys of a checkpoint's config.json (raw JSON values) and that file's path.
 
@@ -31,14 +48,18 @@ def read_checkpoint_config(directory: str | Path) -> tuple[dict, Path]:
     """
     path = Path(directory) / CHECKPOINT_CONFIG
     if not Path(directory).is_dir():
-        raise ConfigError(f"model.checkpoint={str(directory)!r} is not a directory (a DeepSeek-V4 checkpoint "
-                          "directory holds config.json, model.safetensors.index.json and model-*.safetensors)")
+        raise _not_a_directory(directory)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a directory or a FIFO: refused, never opened
+            raise ConfigError(f"model.checkpoint: {path} is not a regular file; a checkpoint's config.json is a "
+                              "JSON file")
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"model.checkpoint: {path} does not exist") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # not JSON, not UTF-8, too deep
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"model.checkpoint: {path} cannot be read ({e.strerror or e})") from None
     missing = [k for k in SHAPE_KEYS if k not in raw] if isinstance(raw, dict) else list(SHAPE_KEYS)
     if missing:
         raise ConfigError(f"{path} lacks the model keys {missing}; a DeepSeek-V4 config.json gives every shape")

@@ -10,10 +10,11 @@ FP8 matrices are kept as stored (values and scale bytes of the shard) instead of
 dtype, shape, scale shape) and reads the scale bytes of the shard; only then does it copy weights into
 the stack, so a bad checkpoint leaves the stack untouched. Every copied shard is then checked for NaN
 and inf on the device (finite.py: one reduction per tensor, one sync at the end); a non-finite value
-(a NaN bf16, an e4m3 NaN byte, garbage in the data area) is refused naming the tensor and its file. A rank
-opens only the files the index names for its tensors and reads only the rows (column-parallel) or columns
-(row-parallel) of its shard, then dequantizes on its device in the run dtype (exact there: an fp8 value times a
-power of two).
+(a NaN bf16, an e4m3 NaN byte, garbage in the data area) is refused naming the tensor and its file.
+Every file the index names must lie inside the checkpoint folder (a relative path that stays inside it);
+a symlink the folder holds is followed, as in a Hugging Face cache snapshot. A rank opens only the files
+the index names for its tensors and reads only the rows (column-parallel) or columns (row-parallel) of
+its shard, then dequantizes on its device in the run dtype (exact there: an fp8 value times a power of two).
 A column range of row-parallel wo_b is a short run in every row: only those bytes are copied, but
 where a run is shorter than a 4 KiB page the memory map faults in the pages of the whole tensor
 (page cache, shared by the ranks of a node, released when the file is closed).
@@ -24,7 +25,9 @@ where a run is shorter than a 4 KiB page the memory map faults in the pages of t
 from __future__ import annotations
 
 import json
+import os
 import resource
+import stat
 import struct
 import time
 from contextlib import contextmanager
@@ -96,19 +99,45 @@ class _Item:
 
 
 def read_index(directory: Path) -> tuple[dict[str, str], Path]:
-    """The index's weight_map (tensor name -> file name) and the index's path."""
+    """The index's weight_map (tensor name -> file name, each inside directory) and the index's path."""
     path = directory / INDEX
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a directory or a FIFO: refused, never opened
+            raise CheckpointError(f"{path} is not a regular file; a checkpoint's index is a JSON file")
         index = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist: a DeepSeek-V4 checkpoint lists there which file holds "
                               "each tensor") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # not JSON, not UTF-8, too deep
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e})") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{path} has no 'weight_map' object (tensor name -> file name)")
+    checked: set[str] = set()
+    for tensor, fname in weight_map.items():  # every entry, used by this run or not
+        if not (isinstance(fname, str) and fname in checked):
+            _check_entry(directory, tensor, fname, path)
+            checked.add(fname)
     return weight_map, path
+
+
+def _check_entry(directory: Path, tensor: str, fname: object, index_path: Path) -> None:
+    """Refuse an index entry whose file is not a relative path inside directory, or is there but is not a
+    regular file (followed through symlinks: a FIFO is never opened)."""
+    entry = f"{index_path}: entry {tensor!r} -> {fname!r}"
+    if not isinstance(fname, str) or not fname:
+        raise CheckpointError(f"{entry}: a file name must be a non-empty string")
+    if os.path.isabs(fname) or os.path.normpath(fname).split(os.sep)[0] == os.pardir:
+        raise CheckpointError(f"{entry} names a file outside the checkpoint directory {directory}; "
+                              "the index may name only files inside it")
+    try:
+        mode = os.stat(directory / fname).st_mode
+    except OSError:
+        return  # missing or unreadable: opening it names the tensor and the file
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{entry}: {directory / fname} is not a regular file")
 
 
 def _plan(m: ModelConfig, tp: TPGroup, weight_map: dict[str, str], index_path: Path, fp8: bool) -> list[_Item]:

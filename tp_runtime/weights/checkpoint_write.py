@@ -1,7 +1,8 @@
 """Writing synthetic checkpoints in the released DSV4 layout, from a config's seeded weights.
 
 The big matrices (TensorSpec.fp8) are FP8-quantized per 128 x 128 block with power-of-two scales, as
-released; the rest is stored bf16, ape and attn_sink fp32.
+released; the rest is stored bf16, ape and attn_sink fp32. The folder is written whole beside the
+target and swapped in at the end (folder_swap.py), so no reader ever sees old and new files mixed.
 
     tp-runtime write-checkpoint configs/tiny.yaml /tmp/ckpt --files 3
 """
@@ -22,6 +23,7 @@ from safetensors.torch import save_file
 from tp_runtime.config import RUN_MODEL_KEYS, ModelConfig, RunConfig
 from tp_runtime.paths import OutputError, atomic_output, check_output_dir, write_text_atomic
 from tp_runtime.weights.fill import draw_full
+from tp_runtime.weights.folder_swap import carry_over, folder_swap
 from tp_runtime.weights.format import E8M0, INDEX, CheckpointError, scale_name
 from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, quantize_fp8
 from tp_runtime.weights.specs import TensorSpec, layer_specs
@@ -71,33 +73,48 @@ def write_checkpoint(cfg: RunConfig, directory: str | Path, n_files: int = 4) ->
     """Write the seeded weights of cfg's selected layers (all by default) in the released DSV4 layout.
 
     Layers are split into n_files contiguous groups, one file each (weights next to their scales);
-    the seeded draw is the one `fill.init_seeded` uses, on the CPU. Every file is written atomically
-    and marked as this writer's (WRITER in its header or metadata). Into a reused directory, only
-    files this writer made are replaced, and its shard files that this write does not replace are
-    removed; any other file at a name this write needs is refused before anything is written, and
-    every other file stays. Returns a summary.
+    the seeded draw is the one `fill.init_seeded` uses, on the CPU. The checkpoint is written whole into
+    a new folder beside `directory` and swapped in at the end, under a lock that refuses a second writer
+    (folder_swap.py): an interrupted write leaves the previous folder as it was. Every file is marked as
+    this writer's (WRITER in its header or metadata). From a reused directory, only files this writer made
+    are replaced, and its shard files that this write does not replace are dropped; any other file at a
+    name this write needs is refused before anything is written, and every other entry is kept. Returns a
+    summary.
     """
-    m, out = cfg.model, Path(directory)
+    m, out = cfg.model, Path(directory).expanduser()
     groups = _split_layers(m.layer_ids(), n_files)
     names = [f"model-{k + 1:05d}-of-{n_files:05d}.safetensors" for k in range(n_files)]
     check_output_dir(out, KEY, files=(*names, INDEX, "config.json"))
-    _refuse_foreign(out, [*names, INDEX, "config.json"])
+    with folder_swap(Path(os.path.realpath(out)), f"{KEY}={directory}") as swap:
+        old = swap.target if swap.target.is_dir() else None
+        if old is not None:
+            _refuse_foreign(old, [*names, INDEX, "config.json"])
+        weight_map, total = _write_shards(cfg, swap.new, names, groups)
+        index = {"metadata": {"total_size": total, "written_by": WRITER},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        write_text_atomic(swap.new / INDEX, json.dumps(index, indent=1) + "\n")
+        write_text_atomic(swap.new / "config.json", json.dumps(checkpoint_config_json(m), indent=1) + "\n")
+        removed: list[str] = []
+        if old is not None:  # what is not this writer's stays, as it is
+            removed = _stale_shards(old, set(names))
+            carry_over(old, swap.new, sorted(set(os.listdir(old)) - {*names, *removed, INDEX, "config.json"}))
+    return {"directory": str(out), "files": n_files, "layers": len(m.layer_ids()), "tensors": len(weight_map),
+            "bytes": total, "removed": removed, "notes": swap.notes}
+
+
+def _write_shards(cfg: RunConfig, folder: Path, names: list[str], groups: list[list[int]]) -> tuple[dict, int]:
+    """One safetensors file per group of layers in folder; returns (tensor name -> file name, bytes)."""
     weight_map: dict[str, str] = {}
     total = 0
     for fname, layers in zip(names, groups):
         tensors: dict[str, torch.Tensor] = {}
-        for spec in (s for i in layers for s in layer_specs(m, i)):
+        for spec in (s for i in layers for s in layer_specs(cfg.model, i)):
             tensors.update(encode(spec, draw_full(spec, cfg.runtime.seed, torch.device("cpu"))))
-        with atomic_output(out / fname) as tmp:
+        with atomic_output(folder / fname) as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt", "written_by": WRITER})
         weight_map.update(dict.fromkeys(tensors, fname))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
-    removed = _remove_stale_shards(out, set(names))
-    index = {"metadata": {"total_size": total, "written_by": WRITER}, "weight_map": dict(sorted(weight_map.items()))}
-    write_text_atomic(out / INDEX, json.dumps(index, indent=1) + "\n")
-    write_text_atomic(out / "config.json", json.dumps(checkpoint_config_json(m), indent=1) + "\n")
-    return {"directory": str(out), "files": n_files, "layers": len(m.layer_ids()), "tensors": len(weight_map),
-            "bytes": total, "removed": removed}
+    return weight_map, total
 
 
 KEY = "write-checkpoint OUT_DIR"
@@ -149,10 +166,7 @@ def _refuse_foreign(out: Path, names: list[str]) -> None:
                               f"replaced (use a new or empty directory, or remove it)")
 
 
-def _remove_stale_shards(out: Path, written: set[str]) -> list[str]:
-    """Delete the shard files an earlier write of this writer left in `out` that this one did not write."""
-    stale = sorted(f.name for f in out.iterdir()
-                   if SHARD_FILE.fullmatch(f.name) and f.name not in written and _our_shard(f))
-    for name in stale:
-        (out / name).unlink()
-    return stale
+def _stale_shards(out: Path, written: set[str]) -> list[str]:
+    """The shard files an earlier write of this writer left in `out` that this one does not write."""
+    return sorted(f.name for f in out.iterdir()
+                  if SHARD_FILE.fullmatch(f.name) and f.name not in written and _our_shard(f))
