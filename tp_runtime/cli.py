@@ -8,16 +8,21 @@
 
 Each command prints a short summary and, as its last stdout line, one JSON object.
 Bad configs and inputs are refused before any rank starts, with the key or tensor named (exit status 2);
-a failed rank or run exits 1; SIGINT / SIGTERM end everything the command started and exit 130 / 143.
+a failed rank or run exits 1; SIGINT / SIGTERM / SIGHUP end everything the command started and exit 128 + n.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config
+from tp_runtime.parallel.interrupt import exit_while_starting
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "tp-runtime":  # the command, not an import
+    exit_while_starting()  # a signal during the imports below (torch: seconds) ends it with the one line
+from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config  # noqa: E402
 from tp_runtime.engine.command import interruptible, launch_command
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
