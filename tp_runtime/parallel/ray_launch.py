@@ -3,7 +3,8 @@
 
     launch_ray(cfg)    RAY_ADDRESS unset: an embedded Ray on 127.0.0.1 (tp logical CPUs, no dashboard)
                        RAY_ADDRESS set (as under `ray job submit`): join that cluster, shipping this
-                       tp_runtime package to its workers (runtime_env py_modules)
+                       tp_runtime package to its workers (runtime_env py_modules); a host:port that
+                       accepts no connection within JOIN_TIMEOUT_S is a LaunchError naming it
     -> placement group: one bundle per rank, {"GPU": 1, "CPU": 1} when the cluster has GPUs and
        runtime.device is not cpu, {"CPU": 1} otherwise; strategy parallel.placement_strategy,
        waited for at most parallel.placement_timeout_s
@@ -63,6 +64,7 @@ EMBEDDED_OBJECT_STORE_BYTES = 256 * 2**20  # results and step plans are small; R
 ACTOR_START_TIMEOUT_S = 180.0  # actor process up, tp_runtime and torch imported (runtime env included)
 POLL_S = 1.0  # the driver's ray.wait period: bounds how late it notices a failed rank
 FAILURE_GRACE_S = 3.0  # after the first failure, time for the other ranks' causes to arrive
+JOIN_TIMEOUT_S = 20.0  # RAY_ADDRESS=host:port must accept a connection within this (Ray itself retries for minutes)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,23 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
         return _connect(cfg, address)
 
 
+def check_reachable(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """LaunchError naming the address when a cluster's GCS (RAY_ADDRESS=host:port) does not accept a TCP
+    connection within timeout_s. Other forms (auto, ray://, http://) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "/" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = "nothing answered" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise LaunchError(f"could not join the Ray cluster at RAY_ADDRESS={address}: {why} "
+                          f"(waited at most {timeout_s:g} s)") from None
+
+
 def _connect(cfg: RunConfig, address: str | None) -> EmbeddedRay | None:
+    if address:
+        check_reachable(address)
     try:
         if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
             package = os.path.dirname(tp_runtime.__file__)
