@@ -235,3 +235,12 @@ def test_usage_shows_overrides_as_optional() -> None:
     r = subprocess.run(_cli("run"), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "config [overrides ...]" in r.stderr, r.stderr
     assert "required: config" in r.stderr and "overrides" not in r.stderr.splitlines()[-1], r.stderr
+
+
+def test_a_large_model_on_a_cpu_says_what_it_builds_before_the_long_silence() -> None:
+    # configs/v4_flash.yaml on a CPU builds for minutes: one progress line on stderr comes first (stdout keeps
+    # only the report), and a signal during the build still ends the run in one line.
+    rc, out, err, left = _interrupt(_cli("run", "configs/v4_flash.yaml", *LOCAL, "parallel.tp=1"), signal.SIGTERM,
+                                    _after_line("tp_runtime: building 43 layers", 0.5), timeout_s=60)
+    _assert_reported(rc, out, err, left, signal.SIGTERM)
+    assert "on the CPU: slow" in err and out == ""

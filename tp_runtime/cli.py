@@ -93,9 +93,25 @@ def _check_run(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
+SLOW_CPU_BUILD_BYTES = 2**30  # weights per rank above which a CPU build takes long enough to say so first
+
+
+def _say_slow_cpu_build(cfg: RunConfig) -> None:
+    """One progress line on stderr before a large model is built on a CPU (v4_flash: minutes of silence else)."""
+    from tp_runtime.memory_fit import device_type, size
+    from tp_runtime.memory_model import rank_memory
+
+    weights = rank_memory(cfg, "cpu")["weights"] if device_type(cfg) == "cpu" else 0
+    if weights > SLOW_CPU_BUILD_BYTES:
+        print(f"tp_runtime: building {len(cfg.model.layer_ids())} layers ({size(weights)} of weights per rank, "
+              f"parallel.tp={cfg.parallel.tp}) on the CPU: slow, minutes before the first step", file=sys.stderr,
+              flush=True)
+
+
 def _launch_run(cfg: RunConfig):
     from tp_runtime.engine.entry import launch
 
+    _say_slow_cpu_build(cfg)
     return launch(cfg)
 
 
