@@ -151,3 +151,16 @@ def test_bad_arguments_print_one_error_line_and_exit_2(tmp_path, case):
     assert proc.returncode == 2 and proc.stdout == ""
     line = _one_error_line(proc)
     assert all(w in line for w in words), line
+
+
+def test_a_fifo_as_inputs_is_refused_without_being_opened(tmp_path):
+    # Opening a FIFO for reading blocks until a writer comes: it is refused up front instead, in one line.
+    import os
+
+    from conftest import assert_refused
+
+    fifo = tmp_path / "inputs.safetensors"
+    os.mkfifo(fifo)
+    proc = run_cli(["run", TINY, "parallel.launcher=local", f"workload.inputs={fifo}"], timeout_s=60)
+    line = assert_refused(proc, "workload.inputs", fifo)
+    assert "a FIFO, not a regular file" in line

@@ -76,6 +76,19 @@ def test_embedded_ray_listens_on_loopback_only() -> None:
     assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
 
 
+def test_a_cluster_address_that_does_not_answer_fails_at_once_naming_it() -> None:
+    # Ray itself retried a closed port for more than 7 minutes, saying nothing.
+    port = free_port()  # nothing listens there
+    env = child_env(RAY_ADDRESS=f"127.0.0.1:{port}")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tp_runtime.cli", "run", TINY], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and f"RAY_ADDRESS=127.0.0.1:{port}" in errors[0], r.stderr[-3000:]
+    assert time.monotonic() - t0 < 60 and not reap(env[MARK], 0)
+
+
 def test_embedded_ray_ends_with_a_driver_killed_by_sigkill() -> None:
     # No shutdown runs in a SIGKILLed driver. Ray's fate sharing ends its GCS, raylet and workers, but
     # its DashboardAgent and RuntimeEnvAgent lingered 60-65 s (measured); the embedded instance's

@@ -1,21 +1,21 @@
-"""SIGINT and SIGTERM: one `error: interrupted (SIG...)` line, exit 130 / 143, no traceback, and no process the
-run started left behind (found by the MARK every process of the run inherits, conftest.marked).
+"""The fault matrix: SIGINT, SIGTERM and SIGHUP, to the command's pid or to its whole process group (a terminal's
+Ctrl-C or hang-up), at a moment found by polling its output, under each launcher: one `error: interrupted (SIG...)`
+line, exit 128 + n, no traceback from any process, and no process the run started alive GONE_WITHIN_S after it
+exited (found by the MARK every process of the run inherits, conftest.marked). SIGKILL of torch's agent (or of the
+torchrun wrapper, which is the agent) leaves no rank behind either.
 
-A covering subset, not the full product launchers x signals x phases (each Ray case costs ~10 s here):
+    launcher                  cases (signal, to the pid or the group, moment)
+    local, elastic agent      INT group mid-run, TERM pid ranks starting, HUP group mid-run, INT pid importing
+    local, tp = 1             INT pid mid-run (the ranks' code runs in the CLI process)
+    ray (embedded)            INT pid / group and TERM pid inside ray.init, TERM pid / group and HUP group mid-run
+    torchrun wrapper          TERM agent mid-run (launch/torchrun_multinode.sh), TERM pid ranks starting, INT group
+                              mid-bench, HUP group mid-run, KILL pid mid-run
+    torchrun (torch's own)    KILL agent mid-run (the ranks notice their parent's death)
 
-    launcher               signal                    phase
-    ray (embedded)         SIGINT                    during ray.init (raylet up, no rank placed yet)
-    ray (embedded)         SIGTERM                   mid-run
-    local, elastic agent   SIGINT to the group       mid-run (a terminal's Ctrl-C: the ranks get it too)
-    local, elastic agent   SIGTERM                   while the rank processes start
-    local, tp = 1          SIGINT                    mid-run (the ranks' code runs in the CLI process)
-    torchrun (the wrapper) SIGTERM to the agent      mid-run (launch/torchrun_multinode.sh; the agent ends the ranks)
-    torchrun (the wrapper) SIGTERM to the agent      while the rank processes start
-    torchrun (the wrapper) SIGINT to the group       mid-bench (tp_runtime.bench's entry: the ranks say nothing)
-
-Every launcher and both signals appear, both phases under Ray and under the elastic agent. "Mid-run": rank
-0's CPU graph-mode warning (printed once the worker is built, just before the first step) has appeared and
-a second has passed, in a run of 512 requests that lasts far longer; the test checks that no report came.
+Moments: "importing" is the command's first second (torch's import); "ray.init" has the raylet up and no rank
+placed; "ranks starting" has the agent's first rank processes; "mid-run" is a second after rank 0's CPU
+graph-mode warning (printed once the worker is built, just before the first step) in a run of 512 requests that
+lasts far longer; the test checks that no report came. The Ray cases share one xdist group: each starts a Ray.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from conftest import MARK, REPO, TINY, assert_refused, child_env, marked, reap
 LONG = ["workload.requests=512", "graph.mode=full"]  # full on a CPU: rank 0 warns as stepping begins
 STEPPING = "needs a CUDA device"  # that warning
 BENCH_TINY = "configs/bench_tiny.yaml"  # tp 1 (in this process under the local launcher) and tp 2
-GONE_WITHIN_S = 15.0  # from the command's exit until every marked process is gone (Ray's workers: seconds)
+GONE_WITHIN_S = 5.0  # from the command's exit until every marked process is gone
 
 
 def _names(mark: str) -> dict[int, str]:
@@ -84,6 +84,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tp_runtime.cli", *args]
 
 
+def _torchrun(*args: str, wrapper: bool = True) -> list[str]:
+    run = "tp_runtime.parallel.torchrun_main" if wrapper else "torch.distributed.run"
+    return [sys.executable, "-m", run, "--standalone", "--nproc-per-node", "2", *args]
+
+
 def _after_line(line: str, delay_s: float = 1.0) -> Callable[[str, str, int], bool]:
     """Ready delay_s after `line` first appeared on stderr."""
     seen: list[float] = []
@@ -96,6 +101,25 @@ def _after_line(line: str, delay_s: float = 1.0) -> Callable[[str, str, int], bo
     return ready
 
 
+def _after_start(delay_s: float) -> Callable[[str, str, int], bool]:
+    """Ready delay_s after the first poll (the command is importing torch)."""
+    t0: list[float] = []
+
+    def ready(mark: str, stderr: str, pid: int) -> bool:
+        t0.append(time.monotonic())
+        return t0[-1] - t0[0] > delay_s
+
+    return ready
+
+
+def _ranks_started(mark: str, stderr: str, pid: int) -> bool:
+    return len(marked(mark) - {pid}) >= 2  # the agent's first rank processes exist
+
+
+def _raylet_up(mark: str, stderr: str, pid: int) -> bool:
+    return "raylet" in _names(mark).values() and "tp_runtime ray:" not in stderr
+
+
 def _assert_reported(rc: int, out: str, err: str, left: dict[int, str], sig: int) -> None:
     name = signal.Signals(sig).name
     assert rc == 128 + sig, (rc, err[-3000:])
@@ -105,43 +129,43 @@ def _assert_reported(rc: int, out: str, err: str, left: dict[int, str], sig: int
     assert not left, f"left behind after {name}: {left}"
 
 
-def test_ray_sigint_during_ray_init_leaves_no_ray_process() -> None:
-    def raylet_up(mark: str, stderr: str, pid: int) -> bool:
-        return "raylet" in _names(mark).values() and "tp_runtime ray:" not in stderr
+LOCAL = ["parallel.launcher=local"]
+MATRIX = [  # (command, signal, to the group, moment, what must not have happened yet)
+    pytest.param(_cli("run", TINY, *LOCAL, *LONG), signal.SIGINT, True, _after_line(STEPPING), "output_checksum",
+                 id="local-INT-group-mid-run"),
+    pytest.param(_cli("run", TINY, *LOCAL, *LONG), signal.SIGTERM, False, _ranks_started, STEPPING,
+                 id="local-TERM-pid-ranks-starting"),
+    pytest.param(_cli("run", TINY, *LOCAL, *LONG), signal.SIGHUP, True, _after_line(STEPPING), "output_checksum",
+                 id="local-HUP-group-mid-run"),
+    pytest.param(_cli("run", TINY, *LOCAL, *LONG), signal.SIGINT, False, _after_start(1.0), STEPPING,
+                 id="local-INT-pid-importing"),
+    pytest.param(_cli("run", TINY, *LOCAL, "parallel.tp=1", *LONG), signal.SIGINT, False, _after_line(STEPPING),
+                 "output_checksum", id="local-tp1-INT-pid-mid-run"),
+    pytest.param(_torchrun("-m", "tp_runtime.engine.entry", TINY, *LONG), signal.SIGTERM, False, _ranks_started,
+                 STEPPING, id="torchrun-TERM-pid-ranks-starting"),
+    pytest.param(_torchrun("-m", "tp_runtime.engine.entry", TINY, *LONG), signal.SIGHUP, True,
+                 _after_line(STEPPING), "output_checksum", id="torchrun-HUP-group-mid-run"),
+]
+RAY = [pytest.param(*p.values, id=p.id, marks=pytest.mark.xdist_group("ray")) for p in [
+    pytest.param(_cli("run", TINY), signal.SIGINT, False, _raylet_up, "tp_runtime ray:", id="ray-INT-pid-ray-init"),
+    pytest.param(_cli("run", TINY), signal.SIGINT, True, _raylet_up, "tp_runtime ray:", id="ray-INT-group-ray-init"),
+    pytest.param(_cli("run", TINY), signal.SIGTERM, False, _raylet_up, "tp_runtime ray:",
+                 id="ray-TERM-pid-ray-init"),
+    pytest.param(_cli("run", TINY, *LONG), signal.SIGTERM, False, _after_line(STEPPING), "output_checksum",
+                 id="ray-TERM-pid-mid-run"),
+    pytest.param(_cli("run", TINY, *LONG), signal.SIGTERM, True, _after_line(STEPPING), "output_checksum",
+                 id="ray-TERM-group-mid-run"),
+    pytest.param(_cli("run", TINY, *LONG), signal.SIGHUP, True, _after_line(STEPPING), "output_checksum",
+                 id="ray-HUP-group-mid-run"),
+]]
 
-    rc, out, err, left = _interrupt(_cli("run", TINY), signal.SIGINT, raylet_up)
-    _assert_reported(rc, out, err, left, signal.SIGINT)
-    assert "tp_runtime ray:" not in err  # interrupted before any rank was placed
 
-
-def test_ray_sigterm_mid_run() -> None:
-    rc, out, err, left = _interrupt(_cli("run", TINY, *LONG), signal.SIGTERM, _after_line(STEPPING))
-    _assert_reported(rc, out, err, left, signal.SIGTERM)
-    assert "tp_runtime ray:" in err and "output_checksum" not in out  # ranks were running, none finished
-
-
-def test_local_ctrl_c_mid_run_reaches_every_rank_quietly() -> None:
-    rc, out, err, left = _interrupt(_cli("run", TINY, "parallel.launcher=local", *LONG), signal.SIGINT,
-                                    _after_line(STEPPING), group=True)
-    _assert_reported(rc, out, err, left, signal.SIGINT)
-    assert "output_checksum" not in out
-
-
-def test_local_sigterm_while_ranks_start() -> None:
-    def ranks_started(mark: str, stderr: str, pid: int) -> bool:
-        return len(marked(mark) - {pid}) >= 2  # the agent's two rank processes exist
-
-    rc, out, err, left = _interrupt(_cli("run", TINY, "parallel.launcher=local", *LONG), signal.SIGTERM,
-                                    ranks_started)
-    _assert_reported(rc, out, err, left, signal.SIGTERM)
-    assert STEPPING not in err  # before any rank built its worker
-
-
-def test_local_tp1_sigint_mid_run_in_process() -> None:
-    rc, out, err, left = _interrupt(_cli("run", TINY, "parallel.launcher=local", "parallel.tp=1", *LONG),
-                                    signal.SIGINT, _after_line(STEPPING))
-    _assert_reported(rc, out, err, left, signal.SIGINT)
-    assert "output_checksum" not in out
+@pytest.mark.parametrize("cmd, sig, group, ready, not_yet", MATRIX + RAY)
+def test_a_signal_ends_the_run_in_one_line(cmd: list[str], sig: int, group: bool,
+                                           ready: Callable[[str, str, int], bool], not_yet: str) -> None:
+    rc, out, err, left = _interrupt(cmd, sig, ready, group=group)
+    _assert_reported(rc, out, err, left, sig)
+    assert not_yet not in out + err  # the moment was before it
 
 
 def test_torchrun_wrapper_sigterm_to_the_agent_mid_run() -> None:
@@ -153,27 +177,22 @@ def test_torchrun_wrapper_sigterm_to_the_agent_mid_run() -> None:
     assert "output_checksum" not in out
 
 
-def test_torchrun_wrapper_sigterm_while_ranks_start() -> None:
-    # The agent is starting its ranks (the first exists): the signal waits until they have started
-    # (parallel/agent_signals.py), then the agent ends them all and the wrapper says so once.
-    def ranks_started(mark: str, stderr: str, pid: int) -> bool:
-        return len(marked(mark) - {pid}) >= 2
-
-    cmd = [sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--standalone", "--nproc-per-node", "2",
-           "-m", "tp_runtime.engine.entry", TINY, *LONG]
-    rc, out, err, left = _interrupt(cmd, signal.SIGTERM, ranks_started)
-    _assert_reported(rc, out, err, left, signal.SIGTERM)
-    assert STEPPING not in err  # before any rank built its worker
-
-
 def test_torchrun_wrapper_ctrl_c_mid_bench_reaches_every_rank_quietly(tmp_path: Path) -> None:
     # The bench's torchrun entry ends its ranks quietly too; rank 0 was mid-point (200 repeats: ~10 s here).
-    cmd = [sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--standalone", "--nproc-per-node", "2",
-           "-m", "tp_runtime.bench", BENCH_TINY, f"bench.output={tmp_path}", "grid.bench.batch=[1]",
-           "grid.bench.context=[12]", "bench.repeats=200"]
+    cmd = _torchrun("-m", "tp_runtime.bench", BENCH_TINY, f"bench.output={tmp_path}", "grid.bench.batch=[1]",
+                    "grid.bench.context=[12]", "bench.repeats=200")
     rc, out, err, left = _interrupt(cmd, signal.SIGINT, _after_line("tp_runtime: all-reduce:"), group=True)
     _assert_reported(rc, out, err, left, signal.SIGINT)
     assert not (tmp_path / "tiny" / "summary.json").exists()  # stopped before the point finished
+
+
+@pytest.mark.parametrize("wrapper", [True, False], ids=["wrapper", "torchrun"])
+def test_ranks_end_when_their_agent_is_killed(wrapper: bool) -> None:
+    # SIGKILL leaves the agent no chance to end its ranks: they notice their parent's death themselves.
+    cmd = _torchrun("-m", "tp_runtime.engine.entry", TINY, *LONG, wrapper=wrapper)
+    rc, out, err, left = _interrupt(cmd, signal.SIGKILL, _after_line(STEPPING))
+    assert rc == -signal.SIGKILL
+    assert not left, f"ranks left behind: {left}"
 
 
 @pytest.mark.parametrize("args, key", [
@@ -217,3 +236,12 @@ def test_usage_shows_overrides_as_optional() -> None:
     r = subprocess.run(_cli("run"), cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "config [overrides ...]" in r.stderr, r.stderr
     assert "required: config" in r.stderr and "overrides" not in r.stderr.splitlines()[-1], r.stderr
+
+
+def test_a_large_model_on_a_cpu_says_what_it_builds_before_the_long_silence() -> None:
+    # configs/v4_flash.yaml on a CPU builds for minutes: one progress line on stderr comes first (stdout keeps
+    # only the report), and a signal during the build still ends the run in one line.
+    rc, out, err, left = _interrupt(_cli("run", "configs/v4_flash.yaml", *LOCAL, "parallel.tp=1"), signal.SIGTERM,
+                                    _after_line("tp_runtime: building 43 layers", 0.5), timeout_s=60)
+    _assert_reported(rc, out, err, left, signal.SIGTERM)
+    assert "on the CPU: slow" in err and out == ""

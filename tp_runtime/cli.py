@@ -8,16 +8,21 @@
 
 Each command prints a short summary and, as its last stdout line, one JSON object.
 Bad configs and inputs are refused before any rank starts, with the key or tensor named (exit status 2);
-a failed rank or run exits 1; SIGINT / SIGTERM end everything the command started and exit 130 / 143.
+a failed rank or run exits 1; SIGINT / SIGTERM / SIGHUP end everything the command started and exit 128 + n.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config
+from tp_runtime.parallel.interrupt import exit_while_starting
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "tp-runtime":  # the command, not an import
+    exit_while_starting()  # a signal during the imports below (torch: seconds) ends it with the one line
+from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config  # noqa: E402
 from tp_runtime.engine.command import interruptible, launch_command
 from tp_runtime.engine.workload import InputError, read_inputs
 from tp_runtime.memory_fit import check_memory
@@ -88,9 +93,25 @@ def _check_run(args: argparse.Namespace) -> RunConfig:
     return cfg
 
 
+SLOW_CPU_BUILD_BYTES = 2**30  # weights per rank above which a CPU build takes long enough to say so first
+
+
+def _say_slow_cpu_build(cfg: RunConfig) -> None:
+    """One progress line on stderr before a large model is built on a CPU (v4_flash: minutes of silence else)."""
+    from tp_runtime.memory_fit import device_type, size
+    from tp_runtime.memory_model import rank_memory
+
+    weights = rank_memory(cfg, "cpu")["weights"] if device_type(cfg) == "cpu" else 0
+    if weights > SLOW_CPU_BUILD_BYTES:
+        print(f"tp_runtime: building {len(cfg.model.layer_ids())} layers ({size(weights)} of weights per rank, "
+              f"parallel.tp={cfg.parallel.tp}) on the CPU: slow, minutes before the first step", file=sys.stderr,
+              flush=True)
+
+
 def _launch_run(cfg: RunConfig):
     from tp_runtime.engine.entry import launch
 
+    _say_slow_cpu_build(cfg)
     return launch(cfg)
 
 

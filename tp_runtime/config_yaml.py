@@ -130,7 +130,7 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSO
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
-def _not_regular(mode: int) -> str | None:
+def not_regular(mode: int) -> str | None:
     """What a non-regular file is ('a FIFO', ...), or None for a regular file."""
     if stat.S_ISREG(mode):
         return None
@@ -145,7 +145,7 @@ def read_text(path: str | Path, what: str) -> str:
         raise ConfigError(f"{what} {path} does not exist") from None
     except OSError as e:
         raise ConfigError(f"{what} {path} cannot be read: {e.strerror}") from None
-    kind = _not_regular(st.st_mode)
+    kind = not_regular(st.st_mode)
     if kind:
         hint = "; give a YAML file" if kind == "a directory" else ""
         raise ConfigError(f"{what} {path} is {kind}, not a regular file{hint}")
@@ -156,7 +156,7 @@ def read_text(path: str | Path, what: str) -> str:
     except OSError as e:
         raise ConfigError(f"{what} {path} cannot be read: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
-        kind = _not_regular(os.fstat(fd).st_mode)
+        kind = not_regular(os.fstat(fd).st_mode)
         if kind:
             raise ConfigError(f"{what} {path} is {kind}, not a regular file")
         data = f.read(MAX_BYTES + 1)

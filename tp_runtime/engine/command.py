@@ -5,7 +5,8 @@ entries: checks before any rank starts, the launch, what is made of the result, 
     1          a rank failed (LaunchError, or the command's own `failures`)
     2          refused before any rank started: a bad config or input (ConfigError, the command's own
                `refusals`), a usage error, or a launch the cluster can never hold (LaunchRefused)
-    130 / 143  SIGINT / SIGTERM: everything the command started was ended (`interruptible`)
+    128 + n    SIGINT / SIGTERM / SIGHUP (130 / 143 / 129): everything the command started was ended, one
+               `error: interrupted (SIG...)` line (`interruptible`, parallel/interrupt.py)
 
 Each refusal or failure is one `error: ...` line on stderr.
 """
@@ -19,7 +20,8 @@ from typing import TypeVar
 
 from tp_runtime.config import ConfigError
 from tp_runtime.parallel.errors import LaunchError, LaunchRefused
-from tp_runtime.parallel.interrupt import from_keyboard_interrupt, on_signals, quiet_rank_exit
+from tp_runtime.parallel import interrupt
+from tp_runtime.parallel.interrupt import quiet_rank_exit
 
 Checked = TypeVar("Checked")
 Result = TypeVar("Result")
@@ -55,9 +57,9 @@ def launch_command(check: Callable[[], Checked], launch: Callable[[Checked], Res
 
 def rank_command(check: Callable[[], Checked], run: Callable[[Checked], Result | None],
                  finish: Callable[[Checked, Result, float], int]) -> int:
-    """A torchrun entry on one rank: SIGINT / SIGTERM end it at once and quietly; check() (a usage error or a
-    refusal: 2); this rank's part; rank 0 (the one with a result) finishes, the others exit 0. A rank that
-    fails raises (status 1; torchrun's summary shows the traceback)."""
+    """A torchrun entry on one rank: a signal, or its agent's death, ends it at once and quietly; check() (a
+    usage error or a refusal: 2); this rank's part; rank 0 (the one with a result) finishes, the others exit 0.
+    A rank that fails raises (status 1; torchrun's summary shows the traceback)."""
     quiet_rank_exit()
     try:
         checked = check()
@@ -72,12 +74,6 @@ def rank_command(check: Callable[[], Checked], run: Callable[[Checked], Result |
 
 
 def interruptible(command: Callable[[], int]) -> int:
-    """command() with SIGINT / SIGTERM turned into an interrupt: what it started is ended on the way up, one
-    `error:` line names the signal, and the status is 130 / 143."""
-    with on_signals():
-        try:
-            return command()
-        except KeyboardInterrupt as e:
-            stopped = from_keyboard_interrupt(e)
-            print(f"error: {stopped}", file=sys.stderr, flush=True)
-            return stopped.exit_status
+    """command() with SIGINT / SIGTERM / SIGHUP turned into an interrupt: what it started is ended on the way
+    up, one `error:` line names the signal, and the status is 128 + n (the one signal path: interrupt.py)."""
+    return interrupt.interruptible(command)

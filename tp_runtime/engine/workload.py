@@ -9,6 +9,7 @@ int64 [R]. `dump` writes the same keys plus `output.{i}` [L_i, hidden_size] floa
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import RunConfig
+from tp_runtime.config_yaml import not_regular
 from tp_runtime.engine.input_staging import InputStaging
 from tp_runtime.executor.plan import StepPlan
 from tp_runtime.paths import atomic_output
@@ -79,8 +81,12 @@ def build_workload(cfg: RunConfig) -> Workload:
 
 
 def read_inputs(path: str, hidden: int) -> tuple[list[Request], dict[int, torch.Tensor]]:
-    """Load and validate a user's input file; every problem names the tensor and the file."""
+    """Load and validate a user's input file; every problem names the tensor and the file. Anything but a regular
+    file (a FIFO would block the reader forever) is refused before it is opened."""
     try:
+        kind = not_regular(os.stat(path).st_mode)
+        if kind:
+            raise InputError(f"workload.inputs: {path} is {kind}, not a regular file")
         tensors = load_file(path)
     except (FileNotFoundError, SafetensorError, OSError) as e:
         raise InputError(f"workload.inputs: cannot read {path}: {e}") from None

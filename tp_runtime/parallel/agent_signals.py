@@ -1,11 +1,11 @@
-"""SIGINT / SIGTERM while torch's elastic agent runs the local ranks: held back while it starts them.
+"""SIGINT / SIGTERM / SIGHUP while torch's elastic agent runs the local ranks: held back while it starts them.
 
 torch's agent installs a handler that raises SignalException wherever the main thread is. Raised while
 multiprocessing writes a new rank's start-up data into its pipe, that rank reads a cut pickle (EOFError),
 or a semaphore its launcher has already unlinked (FileNotFoundError): a traceback after the run's
 `error:` line, from a rank the agent never learned of and so does not end.
 
-Within `agent_signals()` the agent leaves SIGINT / SIGTERM to this module (its LaunchConfig's
+Within `agent_signals()` the agent leaves them (interrupt.SIGNALS) to this module (its LaunchConfig's
 signals_to_handle is AGENT_HANDLES, torch >= 2.9; `agent_handles()`). The handler raises the same
 SignalException, so the agent ends its workers as before, except while the agent is starting them: then the
 signal is sent again RETRY_S later, until every rank has started and is known to the agent.
@@ -25,12 +25,12 @@ from typing import Callable, Iterator
 from tp_runtime.parallel.interrupt import SIGNALS
 
 RETRY_S = 0.05  # how soon a held-back signal is sent again (starting two ranks takes ~0.1 s)
-AGENT_HANDLES = "SIGHUP,SIGQUIT"  # LaunchConfig.signals_to_handle: what torch's agent still handles itself
+AGENT_HANDLES = "SIGQUIT"  # LaunchConfig.signals_to_handle: what torch's agent still handles itself
 
 
 def agent_handles() -> dict[str, str]:
-    """LaunchConfig keywords that leave SIGINT / SIGTERM to this module: {} where torch's LaunchConfig has no
-    signals_to_handle (before torch 2.9); there the agent handles them itself, as it always did."""
+    """LaunchConfig keywords that leave SIGINT / SIGTERM / SIGHUP to this module: {} where torch's LaunchConfig
+    has no signals_to_handle (before torch 2.9); there the agent handles them itself, as it always did."""
     from torch.distributed.launcher.api import LaunchConfig
 
     has = "signals_to_handle" in {f.name for f in dataclasses.fields(LaunchConfig)}
@@ -57,8 +57,8 @@ def _on_stack(frame: FrameType | None, codes: set[CodeType]) -> bool:
 
 @contextmanager
 def agent_signals(starting: tuple[Callable, ...] | None = None) -> Iterator[None]:
-    """Within the block SIGINT / SIGTERM raise torch's SignalException in the main thread, once, and not
-    while one of the `starting` functions (default: agent_start()) runs; the previous handlers come back
+    """Within the block SIGINT / SIGTERM / SIGHUP raise torch's SignalException in the main thread, once, and
+    not while one of the `starting` functions (default: agent_start()) runs; the previous handlers come back
     afterwards. The agent's LaunchConfig must have agent_handles()."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 

@@ -109,14 +109,14 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
         run_id=f"tp-runtime-{uuid.uuid4().hex[:8]}",
         rdzv_backend=LOOPBACK_BACKEND, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_configs={"store": store},
         max_restarts=0, monitor_interval=0.1, start_method="spawn",
-        **agent_handles(),  # SIGINT / SIGTERM: agent_signals
+        **agent_handles(),  # SIGINT / SIGTERM / SIGHUP: agent_signals
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     rank_main = functools.update_wrapper(functools.partial(_rank_main, entry), entry)  # the agent logs its name
     try:
         with agent_signals():  # a signal ends every worker, and none in the middle of its start
             return elastic_launch(lc, rank_main)(*args)[0]
-    except SignalException as e:  # the agent got SIGINT / SIGTERM and has ended its workers
+    except SignalException as e:  # the agent got a signal and has ended its workers
         raise Interrupted(e.sigval) from None
     except ChildFailedError as e:
         first, _ = e.get_first_failure()
@@ -130,14 +130,19 @@ def run_elastic(nproc: int, entry: Callable[..., Any], args: tuple) -> Any:
 def _start_resource_tracker_quietly() -> None:
     """multiprocessing's resource tracker (one per launching process, shared by its spawned ranks) unlinks
     the semaphores of a rank that was killed before it could (tqdm's lock in a bench rank); its warning about
-    them would follow the run's `error:` line. It is started here, with that one warning filtered out."""
+    them would follow the run's `error:` line. It is started here, with that one warning filtered out, and
+    SIGHUP ignored (it ignores SIGINT / SIGTERM itself): a hang-up of the terminal's group would end it before
+    the ranks, whose semaphores it then no longer knows (KeyErrors on stderr)."""
+    import signal
     from multiprocessing import resource_tracker
 
     before = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore:resource_tracker:UserWarning"]))
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited through exec: the tracker ignores it
     try:
         resource_tracker.ensure_running()
     finally:
+        signal.signal(signal.SIGHUP, hup)
         if before is None:
             del os.environ["PYTHONWARNINGS"]
         else:
@@ -145,7 +150,8 @@ def _start_resource_tracker_quietly() -> None:
 
 
 def _rank_main(entry: Callable[..., Any], *args: Any) -> Any:
-    """A local rank process: a signal ends it quietly (the launcher reports it), then the entry runs."""
+    """A local rank process: a signal, or the launcher's death, ends it quietly (the launcher reports it), then
+    the entry runs."""
     quiet_rank_exit()
     return entry(*args)
 

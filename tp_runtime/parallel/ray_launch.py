@@ -3,7 +3,8 @@
 
     launch_ray(cfg)    RAY_ADDRESS unset: an embedded Ray on 127.0.0.1 (tp logical CPUs, no dashboard)
                        RAY_ADDRESS set (as under `ray job submit`): join that cluster, shipping this
-                       tp_runtime package to its workers (runtime_env py_modules)
+                       tp_runtime package to its workers (runtime_env py_modules); a host:port that
+                       accepts no connection within JOIN_TIMEOUT_S is a LaunchError naming it
     -> placement group: one bundle per rank, {"GPU": 1, "CPU": 1} when the cluster has GPUs and
        runtime.device is not cpu, {"CPU": 1} otherwise; strategy parallel.placement_strategy,
        waited for at most parallel.placement_timeout_s
@@ -51,6 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 import tp_runtime  # noqa: E402
 from tp_runtime.config import RunConfig  # noqa: E402
 from tp_runtime.parallel.errors import LaunchError, LaunchRefused  # noqa: E402
+from tp_runtime.parallel.interrupt import SIGNALS  # noqa: E402
 
 # NVLink multicast off by default (it hangs or is unavailable on the hosts this runs on); a value
 # in the driver's environment wins. TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a collective past
@@ -62,6 +64,7 @@ EMBEDDED_OBJECT_STORE_BYTES = 256 * 2**20  # results and step plans are small; R
 ACTOR_START_TIMEOUT_S = 180.0  # actor process up, tp_runtime and torch imported (runtime env included)
 POLL_S = 1.0  # the driver's ray.wait period: bounds how late it notices a failed rank
 FAILURE_GRACE_S = 3.0  # after the first failure, time for the other ranks' causes to arrive
+JOIN_TIMEOUT_S = 20.0  # RAY_ADDRESS=host:port must accept a connection within this (Ray itself retries for minutes)
 
 
 @dataclass(frozen=True)
@@ -118,19 +121,27 @@ class EmbeddedRay:
         try:
             ray.shutdown()
         finally:
-            if self._reaper.poll() is None:
-                self._reaper.stdin.close()  # EOF: it ends what is left of this Ray, then exits
-                self._reaper.wait(timeout=30)
+            self.reap()
+
+    def reap(self) -> None:
+        """Have the reaper SIGKILL every process of this Ray that is still alive, and wait for it: after a
+        signal to the whole process group, Ray's own servers may be dying too, and any call to them (killing
+        actors, removing the placement group, ray.shutdown) would wait out Ray's 60 s timeouts."""
+        if self._reaper.poll() is None:
+            self._reaper.stdin.close()  # EOF: it ends what is left of this Ray, then exits
+            self._reaper.wait(timeout=30)
 
 
 def _start_reaper() -> subprocess.Popen:
     """The reaper of this process's embedded Ray (`python -m tp_runtime.parallel.ray_reaper`), its stdin a pipe
     from here: closing it, or this process's death, tells it to end what is left. It runs the tp_runtime this
-    process imported, wherever that was found (its root leads the reaper's PYTHONPATH)."""
+    process imported, wherever that was found (its root leads the reaper's PYTHONPATH); in a session of its
+    own, so that a signal to this command's process group does not reach it."""
     root = os.path.dirname(os.path.dirname(tp_runtime.__file__))
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     return subprocess.Popen([sys.executable, "-m", "tp_runtime.parallel.ray_reaper", str(os.getpid()), ray.__file__],
-                            stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
+                            stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path},
+                            start_new_session=True)
 
 
 @contextmanager
@@ -162,7 +173,23 @@ def connect(cfg: RunConfig) -> EmbeddedRay | None:
         return _connect(cfg, address)
 
 
+def check_reachable(address: str, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """LaunchError naming the address when a cluster's GCS (RAY_ADDRESS=host:port) does not accept a TCP
+    connection within timeout_s. Other forms (auto, ray://, http://) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "/" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = "nothing answered" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise LaunchError(f"could not join the Ray cluster at RAY_ADDRESS={address}: {why} "
+                          f"(waited at most {timeout_s:g} s)") from None
+
+
 def _connect(cfg: RunConfig, address: str | None) -> EmbeddedRay | None:
+    if address:
+        check_reachable(address)
     try:
         if address:  # ray.init reads RAY_ADDRESS; the cluster's workers get this very tp_runtime
             package = os.path.dirname(tp_runtime.__file__)
@@ -176,14 +203,20 @@ def _connect(cfg: RunConfig, address: str | None) -> EmbeddedRay | None:
 
 @contextmanager
 def _keep_signal_handlers():
-    """ray.init puts a handler of Ray's core worker (it logs a stack, then aborts) on SIGTERM: the caller's
-    handlers (the command's Interrupted, parallel/interrupt.py) are put back."""
+    """ray.init puts its own handler on SIGTERM as it starts (sys.exit(15): a silent exit, the embedded Ray
+    half-started), and its core worker's later on: within the block Ray may not replace the caller's
+    handlers (the command's Interrupted, parallel/interrupt.py), and they are put back afterwards."""
     import signal
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    import ray._private.utils as ray_utils
+
+    saved = {s: signal.getsignal(s) for s in SIGNALS}
+    ray_set = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
     try:
         yield
     finally:
+        ray_utils.set_sigterm_handler = ray_set
         for s, handler in saved.items():
             if handler is not None:
                 signal.signal(s, handler)
@@ -305,16 +338,17 @@ class RankGroup:
         self.strategy, self.bundles = p.placement_strategy, bundles_for(cfg)
         self.use_gpu = "GPU" in self.bundles[0]
         self.actors: list = []
+        self.pg: PlacementGroup | None = None
         check_fits(self.bundles, self.strategy)
-        self.pg: PlacementGroup | None = reserve(self.bundles, self.strategy, p.placement_timeout_s)
-        try:
-            self.actors = self._spawn()  # bundle order
-            where = self._get([a.where.remote() for a in self.actors], "start the rank actors")
-            self.slots = _layout(where)
-            self.actors = [self.actors[s.bundle] for s in self.slots]  # rank order
-        except BaseException:
-            self.close()
-            raise
+
+    def start(self, timeout_s: float) -> None:
+        """Reserve the placement group, start the actors and order them by rank; the caller closes the group
+        on every path."""
+        self.pg = reserve(self.bundles, self.strategy, timeout_s)
+        self.actors = self._spawn()  # bundle order
+        where = self._get([a.where.remote() for a in self.actors], "start the rank actors")
+        self.slots = _layout(where)
+        self.actors = [self.actors[s.bundle] for s in self.slots]  # rank order
 
     def _spawn(self) -> list:
         runtime_env: dict = {"env_vars": actor_env(self.use_gpu)}
@@ -373,13 +407,19 @@ def launch_ray(cfg: RunConfig, entry: Callable[..., Any], args: tuple = ()) -> A
     """Run entry(cfg_dict, *args) on every rank as a Ray actor and return
     rank 0's result; LaunchError names a failed rank."""
     embedded = connect(cfg)
+    group: RankGroup | None = None
     try:
         group = RankGroup(cfg)
-        try:
-            print(group.describe(), file=sys.stderr, flush=True)
-            return group.run(cfg, entry, args)
-        finally:
-            group.close()
+        group.start(cfg.parallel.placement_timeout_s)
+        print(group.describe(), file=sys.stderr, flush=True)
+        return group.run(cfg, entry, args)
+    except KeyboardInterrupt:
+        if embedded is not None:  # a signal to the group may be ending Ray's servers too: no call to them
+            embedded.reap()
+            group = embedded = None
+        raise
     finally:
+        if group is not None:
+            group.close()
         if embedded is not None:
             embedded.stop()

@@ -10,7 +10,9 @@ package, whose `__init__.py` is RAY_INIT_FILE; pid and start time, from /proc) t
 stdin pipe from the driver is open. At EOF (the driver stopped Ray, failed to start it, or died) it looks
 once more and SIGKILLs those that still exist, until a look finds no new one.
 
-ray_launch.EmbeddedRay starts it. It imports nothing but the standard library (not Ray, not torch), so it
+ray_launch.EmbeddedRay starts it in a session of its own, with SIGINT / SIGTERM / SIGHUP ignored: a signal to
+the command's process group (a terminal's Ctrl-C or hang-up) ends the driver, never the reaper that cleans
+up after it. It imports nothing but the standard library (not Ray, not torch), so it
 is up and watching before ray.init starts anything.
 """
 
@@ -97,6 +99,8 @@ def reap(driver: int, ray_code: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # its driver's signals are not its own
+        signal.signal(s, signal.SIG_IGN)
     driver, ray_init = argv
     reap(int(driver), os.path.dirname(ray_init) + os.sep)
 
