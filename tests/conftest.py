@@ -241,14 +241,19 @@ XDIST_GROUPS = {
     ("test_fp8_cache.py", "fp8_run"): "fp8_cache",  # the FP8-cache scenario run in process
     ("test_parity.py", "tp1"): "parity",  # the parity scenario run in process
     ("test_serve_bench.py", "tp1_run"): "serve_bench",  # a serve-bench run through the CLI
-    ("test_launch_ray.py", "embedded"): "ray_embedded",  # one in-process embedded Ray
-    ("test_launch_ray.py", "cluster"): "ray_cluster",  # a two-node Ray cluster on this machine
 }
+# Tests that start Ray (an embedded instance, a two-node cluster, Ray under signals: test_signals.py marks its
+# own) run one after another on one worker: Ray instances starting side by side on two cores have missed the
+# raylet's start-up limit.
+RAY_FILES = ("test_launch_ray.py",)
+RAY_TESTS = ("test_tiny_sweep_under_ray", "test_tiny_run_under_embedded_ray")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.path.name in RAY_FILES or item.originalname in RAY_TESTS:
+            item.add_marker(pytest.mark.xdist_group("ray"))
         for (file, fixture), group in XDIST_GROUPS.items():
             if item.path.name == file and fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
