@@ -157,6 +157,8 @@ def _check_workload(cfg: RunConfig) -> None:
     """Request count, [min, max] length ranges, explicit lengths (one per request, in range); none of them set
     beside workload.inputs."""
     w = cfg.workload
+    if w.inputs:
+        _check_inputs_alone(cfg)
     _require(w.requests >= 0, cfg, f"'workload.requests' must be >= 0, got {w.requests}", "workload.requests")
     for name, lo in (("prompt_len", 1), ("decode_len", 0)):
         v = getattr(w, name)
@@ -171,8 +173,6 @@ def _check_workload(cfg: RunConfig) -> None:
              "workload.prompt_lens")
     _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0",
              "workload.decode_lens")
-    if w.inputs:
-        _check_inputs_alone(cfg)
 
 
 def _check_inputs_alone(cfg: RunConfig) -> None:
