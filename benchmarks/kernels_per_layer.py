@@ -64,8 +64,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides (e.g. runtime.streams=1)")
     a = ap.parse_args()
     if not torch.cuda.is_available():  # one line, not a traceback from the first CUDA call
-        print(f"error: {Path(__file__).name} counts the kernels of CUDA-graph decode steps: it needs a CUDA GPU, and this machine has none",
-              file=sys.stderr)
+        print(f"error: {Path(__file__).name} counts the kernels of CUDA-graph decode steps: it needs a CUDA GPU, "
+              "and this machine has none", file=sys.stderr)
         sys.exit(2)
     rows = [count(k, b, a.layers, a.context, a.overrides) for k in map(int, a.tp.split(","))
             for b in map(int, a.batch.split(","))]

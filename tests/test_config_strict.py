@@ -344,7 +344,8 @@ def test_gpu_memory_check_names_the_gpu():
 
 @pytest.mark.parametrize("words,needles", [
     (["graph.capture_sizes=[4, 2, 2, 1]"], ["'graph.capture_sizes' lists [2] more than once"]),
-    (["model.sliding_window=4096", "runtime.max_len=512"], ["'model.sliding_window'=4096 is more than 2x runtime.max_len=512"]),
+    (["model.sliding_window=4096", "runtime.max_len=512"],
+     ["'model.sliding_window'=4096 is more than 2x runtime.max_len=512"]),
     (["model.head_dim=33"], ["'model.head_dim'=33 must be even"]),
     (["model.index_head_dim=17"], ["'model.index_head_dim'=17 must be even"]),
     ([f"workload.seed={2**70}"], ["'workload.seed'", "outside int64"]),
