@@ -342,3 +342,105 @@ def test_gpu_memory_check_names_the_gpu():
                  "runtime.max_seqs=4096", "runtime.max_tokens_per_step=4096", "runtime.max_len=100000000"],
                 timeout_s=120)
     assert_refused(r, "runtime.max_len=100000000", "GPU 0 (", "caches")
+
+
+# ---------------------------------------------------------------- values no run can use, refused up front
+
+
+@pytest.mark.parametrize("words,needles", [
+    (["graph.capture_sizes=[4, 2, 2, 1]"], ["'graph.capture_sizes' lists [2] more than once"]),
+    (["model.sliding_window=4096", "runtime.max_len=512"],
+     ["'model.sliding_window'=4096 is more than 2x runtime.max_len=512"]),
+    (["model.head_dim=33"], ["'model.head_dim'=33 must be even"]),
+    (["model.index_head_dim=17"], ["'model.index_head_dim'=17 must be even"]),
+    ([f"workload.seed={2**70}"], ["'workload.seed'", "outside int64"]),
+    ([f"runtime.seed={-2**64}"], ["'runtime.seed'", "outside int64"]),
+    (["parallel.timeout_s=0.001"], ["'parallel.timeout_s'=0.001 is below the shortest collective timeout, 1 s"]),
+])
+def test_unusable_values_are_refused_naming_the_key(words, needles):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, words)
+    for needle in needles + [f"override {words[0]!r}"]:
+        assert needle in str(e.value), str(e.value)
+
+
+def test_values_at_the_limits_are_accepted():
+    """The edges of the new refusals still load: a window of twice max_len (a released config at a short
+    max_len), int64's extreme seeds, a one-second timeout, distinct capture sizes."""
+    cfg = load_config(TINY, ["runtime.max_len=8", f"workload.seed={2**63 - 1}", f"runtime.seed={-2**63}",
+                             "parallel.timeout_s=1", "graph.capture_sizes=[4, 2, 1]", "model.head_dim=34"])
+    assert cfg.model.sliding_window == 16 and cfg.parallel.timeout_s == 1.0
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.mark.parametrize("where", ["config", "sweep", "override"])
+def test_yaml_nested_thousands_deep_is_one_error_line(tmp_path, where):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(f"model: {_deep(3000)}\n" if where == "config" else f"grid: {{modes: {_deep(3000)}}}\n")
+    args = {"config": ["run", str(deep)], "sweep": ["bench", str(deep)],
+            "override": ["run", TINY, f"workload.prompt_len={_deep(3000)}"]}[where]
+    assert_refused(run_cli(args, timeout_s=60), "nested too deeply")
+
+
+def test_symmetric_memory_on_a_host_without_gpus_is_refused_before_any_rank(monkeypatch):
+    import tp_runtime.config.device_checks as dc
+    from tp_runtime.config import check_machine
+
+    monkeypatch.setattr(dc, "machine_device", lambda device: "cpu")
+    cfg = load_config(TINY, ["parallel.launcher=local", "parallel.allreduce=symm_one_shot"])
+    with pytest.raises(ConfigError, match=r"override 'parallel.allreduce=symm_one_shot'.*this machine has none"):
+        check_machine(cfg)
+    check_machine(load_config(TINY, ["parallel.launcher=local", "parallel.allreduce=auto"]))  # auto: accepted
+
+
+@pytest.mark.parametrize("word", ["runtime.max_len=64", "runtime.max_seqs=2", "graph.mode=full",
+                                  "runtime.prefill_chunk=8"])
+def test_bench_refuses_words_for_keys_it_sets_itself(word):
+    with pytest.raises(ConfigError, match=rf"override '{re.escape(word)}': the bench sets '{word.split('=')[0]}'"):
+        load_sweep(SWEEP, [word])
+
+
+def test_bench_copy_mib_above_the_limit_is_refused():
+    from tp_runtime.bench.sweep_config import MAX_COPY_MIB
+
+    with pytest.raises(ConfigError, match=rf"'bench.copy_mib'=1000000 is above the limit of {MAX_COPY_MIB} MiB"):
+        load_sweep(SWEEP, ["bench.copy_mib=1000000"])
+    assert load_sweep(SWEEP, [f"bench.copy_mib={MAX_COPY_MIB}"]).bench.copy_mib == MAX_COPY_MIB
+
+
+@pytest.mark.parametrize("args,needle", [(["configs/v4_flash.yaml", "abc"], "device memory 'abc'"),
+                                         (["configs/v4_flash.yaml", "-5"], "device memory '-5'"),
+                                         (["configs/nope.yaml"], "configs/nope.yaml does not exist")])
+def test_roofline_bad_arguments_are_one_error_line(args, needle):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tp_runtime.bench.roofline", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert_refused(r, needle)
+
+
+def test_roofline_of_the_tiny_config_prints_its_bf16_table(capsys):
+    from tp_runtime.bench.roofline import main
+
+    assert main([TINY]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[2:-1]]
+    assert rows and set(rows) == {"bf16"} and "no fp8 cache rows" in out
+
+
+@pytest.mark.parametrize("script", ["kernels_per_layer.py", "loop_overhead.py"])
+def test_gpu_benchmarks_without_a_gpu_say_so_in_one_line(script):
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    module = f"benchmarks.{script.removesuffix('.py')}"
+    r = subprocess.run([sys.executable, "-m", module], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert_refused(r, script, "needs a CUDA GPU")

@@ -164,3 +164,38 @@ def test_a_fifo_as_inputs_is_refused_without_being_opened(tmp_path):
     proc = run_cli(["run", TINY, "parallel.launcher=local", f"workload.inputs={fifo}"], timeout_s=60)
     line = assert_refused(proc, "workload.inputs", fifo)
     assert "a FIFO, not a regular file" in line
+
+
+@pytest.mark.parametrize("words", [["workload.requests=3"], ["workload.prompt_lens=[4, 5]"],
+                                   ["workload.prompt_len=[4, 8]"], ["workload.decode_lens=[1, 1]"]])
+def test_drawn_workload_keys_beside_inputs_are_refused(tmp_path, words):
+    """The inputs file sets the requests and lengths; one given on the command line beside it would be ignored."""
+    from tp_runtime.config import ConfigError
+
+    f = tmp_path / "in.safetensors"
+    with pytest.raises(ConfigError, match=rf"'{words[0].split('=')[0]}' and 'workload.inputs' are both given"):
+        load_config(TINY, [f"workload.inputs={f}", *words])
+
+
+def test_drawn_workload_keys_in_the_file_that_sets_inputs_are_refused(tmp_path):
+    from tp_runtime.config import ConfigError
+
+    cfg = tmp_path / "run.yaml"
+    text = open(TINY).read()
+    cfg.write_text(text.replace("\nworkload:\n", f"\nworkload:\n  inputs: {tmp_path / 'in.safetensors'}\n", 1))
+    with pytest.raises(ConfigError, match=rf"{cfg}: 'workload.requests' and 'workload.inputs' are both given"):
+        load_config(cfg)
+
+
+def test_float8_input_rows_are_read_and_checked(tmp_path):
+    from tp_runtime.engine.workload import InputError, read_inputs
+
+    rows = torch.randn(6, 64).to(torch.float8_e4m3fn)
+    f = tmp_path / "f8.safetensors"
+    save_file({"input.0": rows, "prompt_len": torch.tensor([4])}, f)
+    requests, inputs = read_inputs(str(f), 64)
+    assert requests[0].prompt_len == 4 and torch.equal(inputs[0], rows.float())
+    rows[2, 3] = float("nan")
+    save_file({"input.0": rows, "prompt_len": torch.tensor([4])}, f)
+    with pytest.raises(InputError, match="'input.0' holds NaN"):
+        read_inputs(str(f), 64)

@@ -83,6 +83,18 @@ def test_check_command_at_tp(tp):
         assert c["tol"] == TOL and 0 <= c["max_rel_err"] < TOL
 
 
+def test_check_command_at_float64():
+    """A float64 run computes in float64 throughout (rotary angles complex128, compressor state and softmaxes
+    in float64, outputs kept float64): every comparison meets float64's own tolerance."""
+    proc = run_cli(["check", TINY, "parallel.tp=2", "parallel.launcher=local", "runtime.dtype=float64", *SCENARIO],
+                   timeout_s=300)
+    rec = last_json(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rec["ok"] and rec["dtype"] == "float64"
+    for c in rec["comparisons"].values():
+        assert c["tol"] == TOLERANCES["float64"] == 1e-9 and 0 <= c["max_rel_err"] <= 1e-9, rec["comparisons"]
+
+
 def test_sink_changes_the_output(scenario, tp1):
     from tp_runtime.parallel.group import single_process
     from tp_runtime.engine.driver import drive

@@ -92,6 +92,16 @@ def test_dataset_rows_order_and_cycle(tmp_path):
     assert [(r.prompt_len, r.output_len) for r in reqs[3:6]] == first
 
 
+def test_dataset_line_with_a_key_twice_is_refused_naming_file_and_line(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt_len": 5, "output_len": 2}\n{"prompt_len": 9, "output_len": 1, "prompt_len": 90}\n')
+    with pytest.raises(ConfigError, match=rf"{f}:2: key 'prompt_len' is given twice"):
+        read_dataset(str(f), max_len=64)
+    f.write_text('{"prompt_len": 5, "output_len": 2, "x": ' + "[" * 3000 + "]" * 3000 + "}\n")
+    with pytest.raises(ConfigError, match=rf"{f}:1: JSON nested too deeply"):
+        read_dataset(str(f), max_len=64)
+
+
 def test_closed_loop_never_exceeds_its_clients():
     """Three clients over ten requests, finishing in a random order: at most three outstanding at any time,
     every request sent once in order, each successor arriving at the end of its predecessor's last step."""

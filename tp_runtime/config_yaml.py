@@ -11,8 +11,8 @@ twice in one mapping is refused with both lines; every key must be a string (con
 
 A config path is stat()ed before it is opened: a directory, FIFO, socket or device is refused without
 being opened (a FIFO would block the reader), and a regular file must be UTF-8 text of at most
-MAX_BYTES. Every refusal is a ConfigError whose message is one line; YAML errors read
-`FILE:LINE:COL: message`.
+MAX_BYTES. YAML nested deeper than the parser's recursion reaches is refused too. Every refusal is a
+ConfigError whose message is one line; YAML errors read `FILE:LINE:COL: message`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ class ConfigError(ValueError):
 
 
 MAX_BYTES = 4 << 20  # a config is a few KiB; a larger file is not a config (a checkpoint shard, a log)
+# PyYAML parses nested collections by recursion: nesting past Python's recursion limit (a few hundred levels;
+# a config has three) would end the reader with a RecursionError.
+TOO_DEEP = "collections nested too deeply (a config nests sections a few levels deep)"
 
 # YAML 1.2 core schema, minus the 0o / 0x integer forms (a config never needs them; '0x2' stays a string).
 # Anchored: PyYAML's resolver matches at the start only, and '1e-6' must not resolve as the int '1'.
@@ -124,6 +127,8 @@ def parse_value(raw: str, where: str) -> Any:
         return yaml.load(raw, Loader=StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: {error_line(e, 'value', raw)}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: {TOO_DEEP}") from None
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -173,6 +178,8 @@ def read_mapping(path: str | Path, what: str, needs: str) -> dict:
         data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(error_line(e, str(path), text)) from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path}: {TOO_DEEP}") from None
     if data is None:
         raise ConfigError(f"{what} {path} is empty; it needs {needs}")
     if not isinstance(data, dict):

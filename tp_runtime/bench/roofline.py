@@ -25,6 +25,8 @@ batch per context that fits a device.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
 
 from tp_runtime.bench.flops import candidate_rows
@@ -91,10 +93,12 @@ def model_seconds(nbytes: int, bytes_per_s: float, n_layers: int, allreduce_s: f
     return nbytes / bytes_per_s + comm
 
 
-def fit_table(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: list[int], fp8: bool = False) -> str:
-    """Per cache format, memory per rank at one slot and the largest batch per context (largest_batches)."""
+def fit_table(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: list[int], fp8: bool = False,
+              cache_formats: tuple[bool, ...] = (False, True)) -> str:
+    """Per cache format (False: bf16, True: fp8), memory per rank at one slot and the largest batch per context
+    (largest_batches)."""
     lines = [f"{'cache':>6} {'context':>8} {'cache MiB/seq':>14} {'largest batch':>14}"]
-    for fp8_cache in (False, True):
+    for fp8_cache in cache_formats:
         fits = largest_batches(m, tp, elem, device_bytes, contexts, fp8, fp8_cache)
         for ctx in contexts:
             per_seq = memory_per_rank(m, tp, 1, ctx, elem, fp8, fp8_cache)["cache"] / 2
@@ -102,15 +106,44 @@ def fit_table(m: ModelConfig, tp: int, elem: int, device_bytes: int, contexts: l
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m tp_runtime.bench.roofline CONFIG [GiB] [key=value ...]
-    import sys
+USAGE = "usage: python -m tp_runtime.bench.roofline CONFIG [GiB] [key=value ...]"
 
-    from tp_runtime.config import load_config
 
-    args = sys.argv[1:]
-    gib = float(args.pop(1)) if len(args) > 1 and "=" not in args[1] else 139.0  # one H200
-    cfg = load_config(args[0], args[1:])
+def main(args: list[str]) -> int:
+    """Print the fit table of CONFIG (with overrides) on a device of GiB (default 139: one H200); a bad argument or
+    config is one `error:` line and exit status 2."""
+    from tp_runtime.config import ConfigError, load_config
+
+    if not args or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    gib = 139.0  # one H200
+    if len(args) > 1 and "=" not in args[1]:
+        word = args.pop(1)
+        try:
+            gib = float(word)
+        except ValueError:
+            gib = math.nan
+        if not (math.isfinite(gib) and gib > 0):
+            print(f"error: device memory {word!r} must be a finite number of GiB > 0 ({USAGE})", file=sys.stderr)
+            return 2
+    try:
+        cfg = load_config(args[0], args[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = cfg.model
+    # FP8 cache rows scale the nope dims in blocks of 64: a model whose nope dims are not whole blocks has none.
+    fp8_rows = (m.head_dim - m.qk_rope_head_dim) % 64 == 0
     dtype = {"float32": 4, "float64": 8}.get(cfg.runtime.dtype, 2)
-    print(f"tp={cfg.parallel.tp}, {len(cfg.model.layer_ids())} layers, {gib:g} GiB, 90% for weights + caches")
-    print(fit_table(cfg.model, cfg.parallel.tp, dtype, int(gib * 2**30), [4096, 32768, 65536, 131072],
-                    cfg.runtime.weight_format == "fp8"))
+    print(f"tp={cfg.parallel.tp}, {len(m.layer_ids())} layers, {gib:g} GiB, 90% for weights + caches")
+    print(fit_table(m, cfg.parallel.tp, dtype, int(gib * 2**30), [4096, 32768, 65536, 131072],
+                    cfg.runtime.weight_format == "fp8", (False, True) if fp8_rows else (False,)))
+    if not fp8_rows:
+        print(f"(no fp8 cache rows: head_dim - qk_rope_head_dim = {m.head_dim - m.qk_rope_head_dim} is not a multiple "
+              "of 64)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

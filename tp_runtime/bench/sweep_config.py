@@ -18,7 +18,8 @@ all-reduce left out; parallel.tp stays 1. It needs a CUDA device and is refused 
 Command-line words `bench.*`, `grid.<key>` and `name` change the sweep; any other dotted key
 (`parallel.launcher=ray`, `runtime.device=cuda`, `model.num_hidden_layers=4`) changes the base.
 Errors name the key and where it came from, as config.py's do. The bench sets the Worker-sizing keys
-(runtime.max_seqs, max_len, max_tokens_per_step, prefill_chunk, graph.*) itself from the grid.
+(runtime.max_seqs, max_len, max_tokens_per_step, prefill_chunk, graph.*) itself from the grid; a command-line
+word setting one of them is refused (BENCH_SET_KEYS).
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def split_mode(mode: str) -> tuple[str, dict[str, str] | None]:
     if any(w not in LANE_SETTINGS for w in words):
         return base, None
     return base, dict(LANE_SETTINGS[w] for w in words)
+
+
+# Run-config keys the bench sets itself for every Worker (`worker_config`): a command-line word naming one is
+# refused, since its value would be replaced (the grid's bench.batch, bench.context and modes set them).
+BENCH_SET_KEYS = ("runtime.max_seqs", "runtime.max_len", "runtime.max_tokens_per_step", "runtime.prefill_chunk",
+                  "graph.")
+MAX_COPY_MIB = 16384  # bench.copy_mib: two buffers of this size (copy source and target), 32 GiB in all
 
 
 BENCH_AXES = ("parallel.tp", "bench.batch", "bench.context", "modes", "model_file", "shard_of_tp")
@@ -183,12 +191,23 @@ class SweepConfig:
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepConfig:
     """Read a sweep YAML, apply command-line words, validate every Worker config it implies."""
     path = Path(path)
+    _refuse_bench_set_keys(overrides or [])
     f = read_sweep_file(path, "sweep config", "bench", overrides)
     source = str(path)
     sweep = SweepConfig(f.name, f.base, f.grid, from_mapping(BenchSettings, f.own, "bench", source), source,
                         f.base_file)
     _validate(sweep, path)
     return sweep
+
+
+def _refuse_bench_set_keys(words: list[str]) -> None:
+    """A command-line word setting a key the bench sets itself (BENCH_SET_KEYS) would be dropped: refused."""
+    for word in words:
+        key = word.partition("=")[0].strip()
+        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in BENCH_SET_KEYS):
+            raise ConfigError(f"override {word!r}: the bench sets '{key}' itself for every point (runtime.max_len from "
+                              "grid bench.context, max_seqs and capture sizes from grid bench.batch, graph modes from "
+                              "grid modes, prefill_chunk from bench.prefill_chunk): set those instead")
 
 
 def _model_section(name: str, sweep_path: str) -> dict:
@@ -229,6 +248,9 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
     for name in ("timed_steps", "repeats", "allreduce_iters", "copy_mib"):
         if getattr(b, name) < 1:
             raise ConfigError(f"{src}: 'bench.{name}' must be >= 1, got {getattr(b, name)}")
+    if b.copy_mib > MAX_COPY_MIB:
+        raise ConfigError(f"{src}: 'bench.copy_mib'={b.copy_mib} is above the limit of {MAX_COPY_MIB} MiB (the "
+                          "bandwidth measurement holds two buffers of that size; 1024 already saturates a GPU)")
     if not b.prefill_chunks or min(b.prefill_chunks) < 1:
         raise ConfigError(f"{src}: 'bench.prefill_chunk' must be a token count >= 1 or a non-empty list of them, "
                           f"got {b.prefill_chunk}")

@@ -4,7 +4,7 @@ Every such refusal is phrased here, and asked with what is known of the device a
 - `check_kernels`, `check_pdl`, `check_fp8_formats`: runtime.device as set, from validate (every load of a
   config, so before any rank starts and again as each rank rebuilds its config);
 - `check_machine`: this machine, where the launcher starts the ranks here (`run` and `check`, before any
-  rank starts: runtime.device=auto on a machine without GPUs);
+  rank starts: runtime.device=auto on a machine without GPUs; FP8 formats and symmetric memory);
 - `uses_fp8_weights`, `uses_fp8_cache`: a rank's own device, as it builds its shard (a Ray rank's node is
   known only there).
 What a device can run is asked of tp_runtime/capability.py. A rank's kernel choice (ops/select.py) and its
@@ -54,11 +54,15 @@ def check_fp8_formats(cfg: RunConfig) -> None:
 
 
 def check_machine(cfg: RunConfig) -> None:
-    """FP8 weights or caches where the ranks start on this machine and it has no GPU (runtime.device=auto).
-    Ray may place the ranks on other nodes: their devices are asked there (uses_fp8_weights, uses_fp8_cache)."""
-    r = cfg.runtime
-    if cfg.parallel.launcher == "ray" or machine_device(r.device) == "cuda":
+    """FP8 weights or caches, or a symmetric-memory all-reduce, where the ranks start on this machine and it has no
+    GPU (runtime.device=auto). Ray may place the ranks on other nodes: their devices are asked there
+    (uses_fp8_weights, uses_fp8_cache, the all-reduce's own choice)."""
+    r, p = cfg.runtime, cfg.parallel
+    if p.launcher == "ray" or machine_device(r.device) == "cuda":
         return
+    if p.allreduce.startswith("symm"):
+        raise ConfigError(f"{cfg.where('parallel.allreduce')}: 'parallel.allreduce'={p.allreduce} needs CUDA GPUs "
+                          "with NCCL (symmetric memory); this machine has none (use parallel.allreduce=auto or nccl)")
     if r.weight_format == "fp8":
         raise ConfigError(f"{cfg.source}: 'runtime.weight_format'=fp8 runs FP8 GEMMs on CUDA GPUs only; "
                           "this machine has none (use weight_format=bf16)")

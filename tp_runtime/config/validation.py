@@ -16,6 +16,17 @@ from tp_runtime.config_yaml import ConfigError
 # Longest accepted timeout: longer ones overflow the timedelta / millisecond counts the process groups,
 # the rendezvous store and the heartbeat are given (1e300 is finite), and a week already means "never".
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Shortest accepted collective timeout: below a second, a rank's ordinary wait for its peer (a step of the
+# slowest rank, a weight load) already exceeds it, so the run would fail as if a rank were lost.
+MIN_TIMEOUT_S = 1.0
+# A window this many times runtime.max_len is refused: no position at or past max_len is ever cached, so its
+# rows beyond max_len are allocated and never written. Up to this factor is accepted, so a released config
+# (Flash's window of 128) still runs at a short max_len (64) for a quick test.
+WINDOW_OVER_MAX_LEN = 2
+# Seeds are hashed as int64 (weights/seeded.py): a larger one cannot be drawn from.
+SEED_RANGE = (-2**63, 2**63 - 1)
+# Workload keys that describe drawn requests; a workload.inputs file gives its own requests and lengths.
+DRAWN_WORKLOAD_KEYS = ("requests", "prompt_len", "prompt_lens", "decode_len", "decode_lens")
 
 POSITIVE_MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
                        "o_groups", "o_lora_rank", "sliding_window", "index_n_heads", "index_head_dim", "index_topk")
@@ -48,7 +59,7 @@ def _number_in(cfg: RunConfig, key: str, value: float, lo: float, hi: float = ma
 
 
 def _check_ranges(cfg: RunConfig) -> None:
-    """Value ranges the math and the launchers need: rope / YaRN settings, eps, timeouts."""
+    """Value ranges the math and the launchers need: rope / YaRN settings, eps, timeouts, seeds."""
     m, s, p = cfg.model, cfg.model.rope_scaling, cfg.parallel
     for name in ("rope_theta", "compress_rope_theta"):  # log(base) divides: base 1 has no frequencies
         _number_in(cfg, f"model.{name}", getattr(m, name), 1.0, why=" (a rotary base)")
@@ -62,6 +73,13 @@ def _check_ranges(cfg: RunConfig) -> None:
              "model.rope_scaling.beta_fast", "model.rope_scaling.beta_slow")
     for name in ("timeout_s", "placement_timeout_s"):
         _number_in(cfg, f"parallel.{name}", getattr(p, name), 0.0, MAX_TIMEOUT_S, why=" seconds")
+    _require(p.timeout_s >= MIN_TIMEOUT_S, cfg, f"'parallel.timeout_s'={p.timeout_s:g} is below the shortest "
+             f"collective timeout, {MIN_TIMEOUT_S:g} s: ranks wait that long for each other in ordinary steps",
+             "parallel.timeout_s")
+    for key, seed in (("runtime.seed", cfg.runtime.seed), ("workload.seed", cfg.workload.seed)):
+        lo, hi = SEED_RANGE
+        _require(lo <= seed <= hi, cfg, f"'{key}'={seed} lies outside int64 [{lo}, {hi}], the range seeds are "
+                 "hashed in", key)
 
 
 def _check_model(cfg: RunConfig) -> None:
@@ -72,6 +90,9 @@ def _check_model(cfg: RunConfig) -> None:
     _require(0 < m.qk_rope_head_dim <= min(m.head_dim, m.index_head_dim) and m.qk_rope_head_dim % 2 == 0, cfg,
              f"'model.qk_rope_head_dim'={m.qk_rope_head_dim} must be even and at most head_dim and index_head_dim",
              "model.qk_rope_head_dim", "model.head_dim", "model.index_head_dim")
+    for name in ("head_dim", "index_head_dim"):  # the rotary pairs (2i, 2i+1) of the last Dr dims start even
+        _require(getattr(m, name) % 2 == 0, cfg, f"'model.{name}'={getattr(m, name)} must be even: the rotary "
+                 "turns pairs of dims, which must start at an even offset of each row", f"model.{name}")
     _require(m.num_attention_heads % m.o_groups == 0, cfg,
              f"'model.o_groups'={m.o_groups} must divide num_attention_heads={m.num_attention_heads}",
              "model.o_groups", "model.num_attention_heads")
@@ -110,7 +131,8 @@ def _check_parallel(cfg: RunConfig) -> None:
 
 
 def _check_runtime(cfg: RunConfig) -> None:
-    """Positive sizes, the kernels and PDL the device can run, and a step budget every sequence fits."""
+    """Positive sizes, the kernels and PDL the device can run, a window within reach of max_len, and a step budget
+    every sequence fits."""
     r = cfg.runtime
     for name in POSITIVE_RUNTIME_KEYS:
         _require(getattr(r, name) > 0, cfg, f"'runtime.{name}' must be positive, got {getattr(r, name)}",
@@ -120,14 +142,23 @@ def _check_runtime(cfg: RunConfig) -> None:
              "(or auto)", "runtime.kernels", "runtime.dtype")
     check_kernels(cfg)
     check_pdl(cfg)
+    w = cfg.model.sliding_window
+    _require(w <= WINDOW_OVER_MAX_LEN * r.max_len, cfg,
+             f"'model.sliding_window'={w} is more than {WINDOW_OVER_MAX_LEN}x runtime.max_len={r.max_len}: positions "
+             f"past max_len are never cached, so the window's extra rows would only take memory; raise "
+             f"runtime.max_len or lower model.sliding_window to at most {WINDOW_OVER_MAX_LEN * r.max_len}",
+             "model.sliding_window", "runtime.max_len")
     _require(r.max_tokens_per_step >= r.max_seqs, cfg,
              f"'runtime.max_tokens_per_step'={r.max_tokens_per_step} must be at least runtime.max_seqs={r.max_seqs} "
              "so every running sequence can decode each step", "runtime.max_tokens_per_step", "runtime.max_seqs")
 
 
 def _check_workload(cfg: RunConfig) -> None:
-    """Request count, [min, max] length ranges, and explicit lengths: one per request, in range."""
+    """Request count, [min, max] length ranges, explicit lengths (one per request, in range); none of them set
+    beside workload.inputs."""
     w = cfg.workload
+    if w.inputs:
+        _check_inputs_alone(cfg)
     _require(w.requests >= 0, cfg, f"'workload.requests' must be >= 0, got {w.requests}", "workload.requests")
     for name, lo in (("prompt_len", 1), ("decode_len", 0)):
         v = getattr(w, name)
@@ -142,6 +173,19 @@ def _check_workload(cfg: RunConfig) -> None:
              "workload.prompt_lens")
     _require(all(x >= 0 for x in (w.decode_lens or [0])), cfg, "'workload.decode_lens' entries must be >= 0",
              "workload.decode_lens")
+
+
+def _check_inputs_alone(cfg: RunConfig) -> None:
+    """With workload.inputs, the drawn workload's keys are refused where they were set on purpose: by a command-line
+    word, or by the file that sets workload.inputs itself (the file's requests and lengths replace them). A config
+    file's drawn workload with workload.inputs given on the command line is what the file offers, not refused."""
+    inputs_from = cfg.origins.get("workload.inputs")
+    for name in DRAWN_WORKLOAD_KEYS:
+        key = f"workload.{name}"
+        origin = cfg.origins.get(key)
+        if origin is not None and (origin != cfg.source or inputs_from == cfg.source):
+            raise ConfigError(f"{cfg.where(key, 'workload.inputs')}: '{key}' and 'workload.inputs' are both given; "
+                              f"the inputs file {cfg.workload.inputs} sets the requests and their lengths: drop {key}")
 
 
 def _check_formats(cfg: RunConfig) -> None:
@@ -162,7 +206,7 @@ def _check_formats(cfg: RunConfig) -> None:
 
 
 def _check_graph(cfg: RunConfig) -> None:
-    """Capture sizes: positive token counts; breakable ones each given once (an empty list adds none)."""
+    """Capture sizes: positive token counts, each given once (an empty breakable list adds none)."""
     g = cfg.graph
     _require(bool(g.capture_sizes) and all(s > 0 for s in g.capture_sizes), cfg,
              f"'graph.capture_sizes' must be a non-empty list of positive token counts, got {g.capture_sizes}",
@@ -171,9 +215,9 @@ def _check_graph(cfg: RunConfig) -> None:
     bad = [s for s in sizes if s <= 0]
     _require(not bad, cfg, f"'graph.breakable_capture_sizes' must hold positive token counts, got {bad} in {sizes}",
              "graph.breakable_capture_sizes")
-    twice = sorted({s for s in sizes if sizes.count(s) > 1})
-    _require(not twice, cfg, f"'graph.breakable_capture_sizes' lists {twice} more than once, in {sizes}; give each "
-             "size once", "graph.breakable_capture_sizes")
+    for key, sizes in (("graph.capture_sizes", g.capture_sizes), ("graph.breakable_capture_sizes", sizes)):
+        twice = sorted({s for s in sizes if sizes.count(s) > 1})
+        _require(not twice, cfg, f"'{key}' lists {twice} more than once, in {sizes}; give each size once", key)
 
 
 def eager_steps_warning(cfg: RunConfig) -> str | None:

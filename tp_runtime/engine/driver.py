@@ -295,7 +295,7 @@ def _count(res: RunResult, plan: StepPlan, run: StepRun) -> None:
 
 
 def _collect(parts: dict[int, list[torch.Tensor]], plan: StepPlan, out: torch.Tensor) -> None:
-    rows = out.float().cpu()
+    rows = out.to(torch.promote_types(out.dtype, torch.float32)).cpu()  # float64 runs keep float64 outputs
     i = 0
     for c in plan.chunks:
         parts.setdefault(c.request, []).append(rows[i: i + c.length])

@@ -78,26 +78,28 @@ def allocate_layer_cache(cfg: ModelConfig, ratio: int, slots: int, max_len: int,
                        dim=D, rope_dim=cfg.qk_rope_head_dim, index_dim=cfg.index_head_dim)
     if ratio:
         cache.compressed = torch.zeros(slots, compressed_len(max_len, ratio), row, dtype=dt, device=device)
-        cache.comp_state = RingState.empty(slots, ratio, D, device)
+        cache.comp_state = RingState.empty(slots, ratio, D, device, dtype)
     if ratio == 4:
         Id = cfg.index_head_dim
         cache.index_keys = torch.zeros(slots, compressed_len(max_len, 4), key, dtype=dt, device=device)
-        cache.index_state = RingState.empty(slots, 4, Id, device)
+        cache.index_state = RingState.empty(slots, 4, Id, device, dtype)
     return cache
 
 
 def cache_bytes(cfg: ModelConfig, ratios: list[int], slots: int, max_len: int, elem: int, fp8: bool) -> int:
     """Bytes allocate_layer_cache holds for these layers (slots + the trash slot, every tensor, state rings
-    fp32): the memory a rank's caches take, from the stored layout (elem: bytes of the run dtype)."""
+    fp32, float64 in a float64 run): the memory a rank's caches take, from the stored layout (elem: bytes of
+    the run dtype)."""
     row, key = row_widths(cfg, fp8)
     row_b, key_b = (row, key) if fp8 else (row * elem, key * elem)
+    state = max(elem, 4)  # bytes of a state ring's element (RingState.empty)
     total = 0
     for r in ratios:
         n = cfg.sliding_window * row_b
         if r:
             R = ring_length(r)
-            n += compressed_len(max_len, r) * row_b + 2 * R * (R // r) * cfg.head_dim * 4
+            n += compressed_len(max_len, r) * row_b + 2 * R * (R // r) * cfg.head_dim * state
         if r == 4:
-            n += compressed_len(max_len, 4) * key_b + 2 * 8 * 2 * cfg.index_head_dim * 4
+            n += compressed_len(max_len, 4) * key_b + 2 * 8 * 2 * cfg.index_head_dim * state
         total += n
     return total * (slots + 1)

@@ -5,7 +5,9 @@ Window-only layers use rope_theta without YaRN; compressed layers and their inde
 compress_rope_theta with YaRN frequency interpolation: frequencies between the correction range's
 ends blend f_i and f_i / factor (yarn_correction_range). No attention-scale correction.
 The angles are kept as unit complex numbers, so a rotation is one complex multiply (the backend's
-rotary: ops/torch_path.py `apply_rotary`, or the Triton kernels' `rotate_pairs`).
+rotary: ops/torch_path.py `apply_rotary`, or the Triton kernels' `rotate_pairs`): complex64 for runs in
+float32 or bfloat16, complex128 for float64 runs (complex64 angles alone err by ~1e-7, above float64's
+check tolerance).
 """
 
 from __future__ import annotations
@@ -40,19 +42,28 @@ def inv_frequencies(dr: int, base: float, scaling: RopeScaling | None) -> torch.
     return f / scaling.factor * (1 - keep) + f * keep
 
 
-class RotaryTable:
-    """exp(i * pos * f_i) for every position a run can reach: cis [max_pos, Dr/2] complex64 on the device."""
+def complex_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The rotary angles' dtype for a run in `dtype`: complex128 for float64, else complex64."""
+    return torch.complex128 if dtype == torch.float64 else torch.complex64
 
-    def __init__(self, dr: int, base: float, scaling: RopeScaling | None, max_pos: int, device: torch.device):
+
+class RotaryTable:
+    """exp(i * pos * f_i) for every position a run can reach: cis [max_pos, Dr/2] on the device, complex64
+    (complex128 for a float64 run: `complex_dtype`)."""
+
+    def __init__(self, dr: int, base: float, scaling: RopeScaling | None, max_pos: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_frequencies(dr, base, scaling)[None]
-        self.cis = torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+        self.cis = torch.polar(torch.ones_like(angles), angles).to(complex_dtype(dtype)).to(device)
 
     @classmethod
-    def for_kind(cls, cfg: ModelConfig, kind: str, max_pos: int, device: torch.device) -> "RotaryTable":
-        """'window' (window-only layers: rope_theta) or 'compressed' (compress_rope_theta with YaRN)."""
+    def for_kind(cls, cfg: ModelConfig, kind: str, max_pos: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> "RotaryTable":
+        """'window' (window-only layers: rope_theta) or 'compressed' (compress_rope_theta with YaRN), for a run
+        in `dtype`."""
         if kind == "window":
-            return cls(cfg.qk_rope_head_dim, cfg.rope_theta, None, max_pos, device)
-        return cls(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, max_pos, device)
+            return cls(cfg.qk_rope_head_dim, cfg.rope_theta, None, max_pos, device, dtype)
+        return cls(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, max_pos, device, dtype)
 
     def at(self, pos: torch.Tensor) -> torch.Tensor:
         """cis at positions pos [T] -> [T, Dr/2]."""

@@ -59,7 +59,7 @@ class AttentionStack(nn.Module):
         self.ratios = [cfg.compress_ratios[i] for i in self.layer_ids]
         max_pos = max_len + 1  # positions 0..max_len-1 and compressed-entry positions i*r <= max_len
         # What the layers read per step (rings, blocks, rotary tables), built once per step by StepBuffers.
-        self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device)
+        self.index_plan = IndexPlan(cfg, self.ratios, max_pos, device, dtype)
         self.layers = nn.ModuleDict({
             str(i): Block(cfg, r, tp, dtype, device, backend, fp8, self.side)
             for i, r in zip(self.layer_ids, self.ratios)})

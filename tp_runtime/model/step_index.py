@@ -28,11 +28,13 @@ if TYPE_CHECKING:
 class IndexPlan:
     """What a stack's layers read: ring lengths, compress ratios and rotary tables (shared by layers)."""
 
-    def __init__(self, cfg: ModelConfig, ratios: list[int], max_pos: int, device: torch.device):
+    def __init__(self, cfg: ModelConfig, ratios: list[int], max_pos: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
+        """dtype: the run's (a float64 run's rotary tables are complex128)."""
         compress = sorted({r for r in ratios if r})
         self.ring_lengths = sorted({cfg.sliding_window} | {ring_length(r) for r in compress})
         self.ratios = compress
-        self.tables = {kind: RotaryTable.for_kind(cfg, kind, max_pos, device)
+        self.tables = {kind: RotaryTable.for_kind(cfg, kind, max_pos, device, dtype)
                        for kind in sorted({"compressed" if r else "window" for r in ratios})}
 
     def compute(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,

@@ -23,17 +23,19 @@ def ring_length(ratio: int) -> int:
 
 @dataclass
 class RingState:
-    """The last c*r tokens' compressor inputs: kv [slots, c*r, c*D] and score (+ape) of the same shape."""
+    """The last c*r tokens' compressor inputs: kv [slots, c*r, c*D] and score (+ape) of the same shape, fp32
+    (float64 in a float64 run)."""
 
     kv: torch.Tensor
     score: torch.Tensor
 
     @classmethod
-    def empty(cls, slots: int, ratio: int, dim: int, device: torch.device) -> "RingState":
+    def empty(cls, slots: int, ratio: int, dim: int, device: torch.device,
+              run_dtype: torch.dtype = torch.float32) -> "RingState":
         rows = ring_length(ratio)
         shape = (slots, rows, rows // ratio * dim)
-        return cls(torch.zeros(shape, dtype=torch.float32, device=device),
-                   torch.zeros(shape, dtype=torch.float32, device=device))
+        dtype = torch.promote_types(run_dtype, torch.float32)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
 
 class RingIndex(NamedTuple):
@@ -62,7 +64,7 @@ class BlockIndex(NamedTuple):
     block: torch.Tensor  # [T] pos // r
     emit_slot: torch.Tensor  # [T] the token's slot if it completes its block, else the trash slot
     n_done: torch.Tensor  # [T] (pos + 1) // r: completed entries the token may attend to
-    cis: torch.Tensor  # [T, Dr/2] complex64: rotary at the entry's position block * r
+    cis: torch.Tensor  # [T, Dr/2] complex64 (complex128 in a float64 run): rotary at the entry's position block * r
 
 
 @dataclass

@@ -31,12 +31,18 @@ def token_chunks(n_tokens: int, per_token: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, n_tokens)) for s in range(0, n_tokens, step)]
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in the precision the twins compute in: fp32, or float64 for a float64 run (whose check tolerance,
+    1e-9, an fp32 step would exceed)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim, in fp32; returns x's dtype."""
-    xf = x.float()
+    """y = w * x * rsqrt(mean(x^2) + eps) over the last dim, in fp32 (float64 for float64 x); returns x's dtype."""
+    xf = wide(x)
     y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight.to(xf.dtype)
     return y.to(x.dtype)
 
 
@@ -46,7 +52,7 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, inverse: bool = False) -> t
     dr = 2 * cis.shape[-1]
     while cis.dim() < x.dim():
         cis = cis.unsqueeze(1)
-    tail = torch.view_as_complex(x[..., -dr:].float().unflatten(-1, (dr // 2, 2)).contiguous())
+    tail = torch.view_as_complex(wide(x[..., -dr:]).to(cis.real.dtype).unflatten(-1, (dr // 2, 2)).contiguous())
     rotated = torch.view_as_real(tail * (cis.conj() if inverse else cis)).flatten(-2)
     return torch.cat((x[..., :-dr], rotated.to(x.dtype)), dim=-1)
 
@@ -100,9 +106,10 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     ar = torch.arange(n_keys, device=q.device)
     for s, e in token_chunks(n_tok, n_keys * max(n_heads, dim)):
         kk = keys[slot[s:e], :n_keys]  # [t, N, Id] (uint8 [t, N, Id + 4] with FP8 keys)
-        kk = dequantize_keys(kk, dim) if kk.dtype == torch.uint8 else kk.float()
-        logits = torch.einsum("thd,tnd->thn", q[s:e].float(), kk).relu_()
-        score = torch.einsum("thn,th->tn", logits, w[s:e].float()) * scale
+        kk = dequantize_keys(kk, dim) if kk.dtype == torch.uint8 else wide(kk)
+        qq = wide(q[s:e])
+        logits = torch.einsum("thd,tnd->thn", qq, kk.to(qq.dtype)).relu_()
+        score = torch.einsum("thn,th->tn", logits, w[s:e].to(qq.dtype)) * scale
         score.masked_fill_(ar[None] >= n_valid[s:e, None], float("-inf"))
         val, idx = torch.sort(score, dim=1, descending=True, stable=True)
         out[s:e] = torch.where(val[:, :k] > float("-inf"), idx[:, :k], -1)
@@ -111,15 +118,16 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
 
 def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """o[t, h] = sum_j exp(s_j - m) row_j / (sum_j exp(s_j - m) + exp(sink_h - m)), fp32.
+    """o[t, h] = sum_j exp(s_j - m) row_j / (sum_j exp(s_j - m) + exp(sink_h - m)), fp32 (float64 for float64 q).
 
     q [T, H, D], rows [T, N, D] (each row is key and value), valid [T, N], sink [H].
     m = max(max_j s_j, sink_h); the sink enters the denominator only.
     """
-    rf = rows.float()
-    s = torch.einsum("thd,tnd->thn", q.float(), rf) * scale
+    qf = wide(q)
+    rf = rows.to(qf.dtype)
+    s = torch.einsum("thd,tnd->thn", qf, rf) * scale
     s.masked_fill_(~valid[:, None, :], float("-inf"))
-    sink = sink.float()[None, :, None]  # [1, H, 1]
+    sink = sink.to(qf.dtype)[None, :, None]  # [1, H, 1]
     m = torch.maximum(s.amax(-1, keepdim=True), sink)
     p = torch.exp(s - m)
     denom = p.sum(-1, keepdim=True) + torch.exp(sink - m)
@@ -140,7 +148,7 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     do not (and of padding) land in the trash slot. That keeps this free of host decisions,
     hence capturable, at the price of pooling work for the tokens that complete nothing.
     """
-    kv, score = kv.float(), score.float() + ape[blk.phase]
+    kv, score = wide(kv).to(state.kv.dtype), wide(score).to(state.kv.dtype) + ape[blk.phase]
     for s, e in token_chunks(len(score), state.kv.shape[1] * state.kv.shape[2]):
         pooled = _pool(kv, score, state, ring.tokens(s, e), ape.shape[0], weight.shape[0])
         entries = apply_rotary(rms_norm(pooled, weight, eps), blk.cis[s:e])

@@ -146,8 +146,8 @@ def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
 
 def read_dataset(path: str, max_len: int, key: str = "serve.dataset") -> list[tuple[int, int]]:
     """(prompt_len, output_len) per line of a JSONL file: one object a line with integer 'prompt_len' and
-    'output_len' >= 1 (other keys, such as the text, are ignored); blank lines are skipped. A line that
-    breaks this, or needs more than max_len positions (prompt + output), is refused with FILE:LINE."""
+    'output_len' >= 1 (other keys, such as the text, are ignored; none given twice); blank lines are skipped. A
+    line that breaks this, or needs more than max_len positions (prompt + output), is refused with FILE:LINE."""
     try:
         st = os.stat(path)
     except OSError as e:
@@ -170,11 +170,29 @@ def read_dataset(path: str, max_len: int, key: str = "serve.dataset") -> list[tu
     return rows
 
 
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object of a dataset line."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object, unless a key is given twice (json.loads would keep the last)."""
+    obj: dict = {}
+    for k, v in pairs:
+        if k in obj:
+            raise _DuplicateKey(k)
+        obj[k] = v
+    return obj
+
+
 def _dataset_row(line: str, where: str, max_len: int) -> tuple[int, int]:
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+    except _DuplicateKey as e:
+        raise ConfigError(f"{where}: key '{e}' is given twice in one object; give each key once") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: JSON nested too deeply (a line is one flat object)") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: must be a JSON object with 'prompt_len' and 'output_len', got {line.strip()[:60]}")
     for name in ("prompt_len", "output_len"):
