@@ -34,8 +34,8 @@ DECODES = [3, 5, 8, 8, 12, 16, 18, 20]
 # Eight requests prefilled in the first step (8 x 20 tokens within max_tokens_per_step), then decode-only
 # steps of 8 shrinking to 1 sequence: full-graph replays at sizes 8, 4, 2 and 1.
 RUN = ["parallel.tp=1", "parallel.launcher=local", "runtime.device=cuda", "graph.mode=full",
-       "graph.capture_sizes=[8,4,2,1]", "runtime.max_seqs=8", "runtime.max_tokens_per_step=256",
-       "workload.requests=8", f"workload.prompt_lens={[20] * 8}", f"workload.decode_lens={DECODES}"]
+       "graph.capture_sizes=[8,4,2,1]", "runtime.max_seqs=8", "runtime.max_tokens_per_step=256"]
+DRAWN = ["workload.requests=8", f"workload.prompt_lens={[20] * 8}", f"workload.decode_lens={DECODES}"]
 
 
 def _input_file(path, prompt: int = 20) -> str:
@@ -48,7 +48,8 @@ def _input_file(path, prompt: int = 20) -> str:
 
 @pytest.mark.parametrize("source", ["seeded", "file"])
 def test_decode_steps_through_the_driver_never_synchronize(tmp_path, source):
-    extra = [f"workload.inputs={_input_file(tmp_path / 'in.safetensors')}"] if source == "file" else []
+    # the same requests and lengths, drawn or from a file (which sets them itself: drawn keys beside it are refused)
+    extra = [f"workload.inputs={_input_file(tmp_path / 'in.safetensors')}"] if source == "file" else DRAWN
     cfg = load_config(TINY, RUN + extra)
     # As in_process builds it; capturing the full graphs may synchronize (not a step).
     worker = Worker(cfg, single_process(resolve_device("cuda")))
