@@ -286,3 +286,16 @@ def test_gpu_smoke_ray_and_torchrun_nccl(tmp_path) -> None:
     runs = {rec["run"]: rec for rec in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
     assert set(runs) == {"ray_eager", "torchrun_eager", "ray_breakable", "torchrun_breakable"}
     assert all(rec["rc"] == 0 and rec["device"].startswith("cuda") for rec in runs.values()), runs
+
+
+def test_embedded_ray_under_a_long_temporary_folder_is_refused_before_it_starts(tmp_path) -> None:
+    # Ray's socket paths live under RAY_TMPDIR / TMPDIR; past the 107 bytes of a Unix socket path its start ended in
+    # a traceback. Refused first, naming the folder and how long it may be.
+    from conftest import assert_refused
+
+    long_dir = tmp_path / ("t" * 80)
+    long_dir.mkdir()
+    r = subprocess.run([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "parallel.launcher=ray"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env(TMPDIR=str(long_dir)))
+    line = assert_refused(r, "parallel.launcher=ray", f"TMPDIR={long_dir}", "RAY_TMPDIR")
+    assert "107" in line

@@ -224,3 +224,17 @@ def test_torchrun_ranks_listen_on_loopback_only_and_the_agent_is_the_known_excep
     ranks = {x for x in seen if x[1] != "pt_elastic"}
     assert len(ranks) >= 2 and all(is_loopback(addr) for _, _, addr, _ in ranks), sorted(seen)
     assert {name for _, name, addr, _ in seen if not is_loopback(addr)} <= {"pt_elastic"}, sorted(seen)
+
+
+def test_torchrun_wrapper_refuses_bad_arguments_before_any_rank(tmp_path) -> None:
+    # One error line and exit 2, before torchrun starts anything: no process count, and a config file of one of
+    # the project's entries that is missing or a folder (each rank used to fail on its own; 0 ended in a traceback).
+    from conftest import assert_refused
+
+    wrapper = [sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--standalone"]
+    cases = [(["--nproc-per-node", "0", "-m", "tp_runtime.engine.entry", TINY], "--nproc-per-node 0"),
+             (["--nproc-per-node=1", "-m", "tp_runtime.engine.entry", str(tmp_path / "no.yaml")], "does not exist"),
+             (["--nproc-per-node=1", "-m", "tp_runtime.bench", str(tmp_path)], "is a directory")]
+    for args, needle in cases:
+        r = subprocess.run(wrapper + args, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env())
+        assert_refused(r, needle)

@@ -58,6 +58,34 @@ def check_launchable(cfg: RunConfig, torchrun_module: str = ENTRY_MODULE) -> Non
         raise ConfigError(f"{cfg.origin('parallel.fail_rank')}: fault injection 'parallel.fail_rank'={p.fail_rank} "
                           f"needs a peer rank (parallel.tp={p.tp}): the faulty rank is named by its peers")
     _check_local_gpus(cfg)
+    _check_ray_socket_paths(cfg)
+
+
+# What an embedded Ray's longest socket path adds to its temporary folder: "/ray/session_<date>_<time>_<us>_<pid>"
+# (the pid of this process, which starts it) then "/sockets/plasma_store"; Unix socket paths hold 107 bytes.
+RAY_SESSION_DATE = len("2026-12-02_07-48-14_047700")
+UNIX_SOCKET_PATH_MAX = 107
+
+
+def ray_temp_dir() -> str:
+    """Where Ray puts an embedded instance's files on Linux: RAY_TMPDIR, else TMPDIR, else /tmp (Ray's own rule)."""
+    return os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+
+
+def _check_ray_socket_paths(cfg: RunConfig) -> None:
+    """An embedded Ray under a temporary folder so long that its socket paths would pass the Unix limit: refused
+    here, naming the folder, rather than by Ray's start with a traceback."""
+    if cfg.parallel.launcher != "ray" or os.environ.get("RAY_ADDRESS"):
+        return
+    tmp = ray_temp_dir().rstrip("/")
+    longest = len(tmp) + len(f"/ray/session__{os.getpid()}/sockets/plasma_store") + RAY_SESSION_DATE
+    if longest > UNIX_SOCKET_PATH_MAX:
+        room = UNIX_SOCKET_PATH_MAX - (longest - len(tmp))
+        var = "RAY_TMPDIR" if os.environ.get("RAY_TMPDIR") else "TMPDIR"
+        raise ConfigError(f"{cfg.origin('parallel.launcher')}: an embedded Ray (parallel.launcher=ray) keeps its "
+                          f"sockets under {var}={tmp} ({len(tmp)} characters), which makes them {longest} bytes long, "
+                          f"past the {UNIX_SOCKET_PATH_MAX} of a Unix socket path: set RAY_TMPDIR to a folder of at "
+                          f"most {room} characters")
 
 
 def _check_local_gpus(cfg: RunConfig) -> None:

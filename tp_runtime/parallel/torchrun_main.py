@@ -9,23 +9,53 @@ the job as under `tp-runtime run`: agent_signals.py raises torch's SignalExcepti
 starts its workers, and the agent ends them; the command prints one `error: interrupted (SIGINT)` line and
 exits 128 + n rather than torch's traceback and exit status 1 (interrupt.interruptible, the one signal path).
 The ranks end at once and say nothing (interrupt.quiet_rank_exit in each entry), and end too when this
-process dies (SIGKILL).
+process dies (SIGKILL). Before torchrun starts anything, a process count below 1 and a missing or unreadable
+config file of one of the project's entries are refused in one `error:` line (exit 2): otherwise every rank
+would fail on its own, or torchrun would end in a traceback.
 """
 
 from __future__ import annotations
 
 import sys
 
+from tp_runtime.config_yaml import ConfigError, read_text
 from tp_runtime.parallel.interrupt import Interrupted, interruptible
 
 PROG = "python -m tp_runtime.parallel.torchrun_main"
+NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torch.distributed.run's main on argv (default: this command's arguments); 0, or 128 + signal."""
+    """torch.distributed.run's main on argv (default: this command's arguments); 0, 2 for arguments refused
+    before any rank starts (one `error:` line), or 128 + signal."""
     args = sys.argv[1:] if argv is None else argv
     sys.argv[0] = PROG  # torchrun's usage line names this command
+    try:
+        check_args(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return interruptible(lambda: _torchrun(args))  # Interrupted while torch is imported; then agent_signals'
+
+
+def check_args(args: list[str]) -> None:
+    """ConfigError, before torchrun starts any rank, for what every rank would fail on or torchrun would answer
+    with a traceback: a number of processes per node below 1, and the config file of one of this project's
+    entries (`-m tp_runtime.... CONFIG`) missing or not a regular text file."""
+    for i, a in enumerate(args):
+        flag, _, value = a.partition("=")
+        if flag in NPROC_FLAGS:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            if value.lstrip("-").isdigit() and int(value) < 1:
+                raise ConfigError(f"{flag} {value}: torchrun needs at least 1 process per node")
+        if a == "-m" or a == "--module":
+            break
+    if "-m" in args:
+        i = args.index("-m")
+        entry, rest = (args[i + 1], args[i + 2:]) if i + 1 < len(args) else ("", [])
+        config = next((r for r in rest if not r.startswith("-") and "=" not in r), None)
+        if entry.startswith("tp_runtime.") and config is not None:
+            read_text(config, "config")
 
 
 def _torchrun(args: list[str]) -> int:
