@@ -238,3 +238,16 @@ def test_torchrun_wrapper_refuses_bad_arguments_before_any_rank(tmp_path) -> Non
     for args, needle in cases:
         r = subprocess.run(wrapper + args, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env())
         assert_refused(r, needle)
+
+
+def test_torchrun_wrapper_rendezvous_that_never_completes_ends_in_one_line_naming_its_address() -> None:
+    # Node 0 of two, the other never comes: torch's RendezvousTimeoutError after join_timeout, as one line.
+    endpoint = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tp_runtime.parallel.torchrun_main", "--nnodes", "2", "--node-rank", "0",
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-conf", "join_timeout=3",
+                        "--nproc-per-node", "1", "-m", "tp_runtime.engine.entry", TINY, "parallel.tp=2"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env())
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: the rendezvous at {endpoint} did not complete")
+    assert time.monotonic() - t0 < 60

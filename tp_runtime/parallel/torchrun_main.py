@@ -42,14 +42,10 @@ def check_args(args: list[str]) -> None:
     """ConfigError, before torchrun starts any rank, for what every rank would fail on or torchrun would answer
     with a traceback: a number of processes per node below 1, and the config file of one of this project's
     entries (`-m tp_runtime.... CONFIG`) missing or not a regular text file."""
-    for i, a in enumerate(args):
-        flag, _, value = a.partition("=")
-        if flag in NPROC_FLAGS:
-            value = value or (args[i + 1] if i + 1 < len(args) else "")
-            if value.lstrip("-").isdigit() and int(value) < 1:
-                raise ConfigError(f"{flag} {value}: torchrun needs at least 1 process per node")
-        if a == "-m" or a == "--module":
-            break
+    head = args[:args.index("-m")] if "-m" in args else args  # torchrun's own arguments, before the module's
+    value = _arg(head, *NPROC_FLAGS) or ""
+    if value.lstrip("-").isdigit() and int(value) < 1:
+        raise ConfigError(f"--nproc-per-node {value}: torchrun needs at least 1 process per node")
     if "-m" in args:
         i = args.index("-m")
         entry, rest = (args[i + 1], args[i + 2:]) if i + 1 < len(args) else ("", [])
@@ -63,6 +59,7 @@ def _torchrun(args: list[str]) -> int:
     workers) as Interrupted."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
     from tp_runtime.parallel.agent_signals import agent_handles, agent_signals
 
@@ -72,7 +69,22 @@ def _torchrun(args: list[str]) -> int:
             torchrun.main([*ours, *args])
     except SignalException as e:
         raise Interrupted(e.sigval) from None
+    except (RendezvousTimeoutError, RendezvousConnectionError) as e:
+        what = "did not complete within its join_timeout" if isinstance(e, RendezvousTimeoutError) else \
+            "could not be reached"
+        print(f"error: the rendezvous at {_arg(args, '--rdzv-endpoint', '--rdzv_endpoint') or 'its endpoint'} {what} "
+              f"(--rdzv-conf join_timeout=S sets the wait; torchrun's default is 600 s)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _arg(args: list[str], *flags: str) -> str | None:
+    """The value of the first of `flags` in torchrun's arguments (`--flag value` or `--flag=value`), else None."""
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in flags:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
 
 
 if __name__ == "__main__":
