@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks import require_gpu
 from tp_runtime.bench.profile import kernels_by_layer_kind, profile_steps, record_trace
 from tp_runtime.bench.projection import shard_group
 from tp_runtime.bench.record_file import write_records
@@ -67,10 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    if not torch.cuda.is_available():  # one line, not a traceback from the first CUDA call
-        print(f"error: {Path(__file__).name} counts the kernels of CUDA-graph decode steps: it needs a CUDA GPU, "
-              "and this machine has none", file=sys.stderr)
-        sys.exit(2)
+    require_gpu(Path(__file__).name, "counts the kernels of CUDA-graph decode steps")
     rows = [count(k, b, a.layers, a.context, a.overrides) for k in map(int, a.tp.split(","))
             for b in map(int, a.batch.split(","))]
     print(f"{'tp':>3} {'batch':>5} {'kind':>5} {'layers':>6} {'kernels':>8} {'main':>6} {'side':>6} {'copies':>6}")

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks import require_gpu
 from tp_runtime.bench.cache_fill import fill_seeded
 from tp_runtime.bench.record_file import write_records
 from tp_runtime.config import load_config
@@ -115,10 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    if not torch.cuda.is_available():  # one line, not a traceback from the first CUDA call
-        print(f"error: {Path(__file__).name} times CUDA graphs against the run loop: it needs a CUDA GPU, "
-              "and this machine has none", file=sys.stderr)
-        sys.exit(2)
+    require_gpu(Path(__file__).name, "times CUDA graphs against the run loop")
     rows = [measure(b, a.context, a.steps, a.repeats) for b in map(int, a.batch.split(","))]
     print(f"{'batch':>5} {'ctx':>6} {'graph ms':>9} {'loop ms':>9} {'loop/graph':>10} {'spread':>13} host ms by part")
     for r in rows:
