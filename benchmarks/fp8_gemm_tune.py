@@ -1,18 +1,24 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
 sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, cuBLASLt's block-scaled
-GEMM) and writes the fastest into the table the Triton backend reads.
+GEMM, with or without the L2 prefetch of weights under PDL) and writes the fastest into the table the Triton
+backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
+                                       [--merge TABLE]
 
 Each launch is timed as a CUDA graph of one call per copy of the weight, enough copies to exceed the L2 several
 times (every call streams its weight from HBM, as in a step; the host's launch cost is out of the number): the
-median over replays (CUDA events) / copies. Beside the table's choice each record holds the time of the GEMM on
+median over replays (CUDA events) / copies. Where the GPU runs PDL (runtime.pdl=auto), the calls launch with it,
+as a step's do: each GEMM may start, and prefetch its weight, while the one before it finishes. The winner of
+each bucket is timed again with the prefetch flipped, and the faster kept.
+Beside the table's choice each record holds the time of the GEMM on
 x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
 read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
 The winner of each (shape, bucket) is checked against the torch twin. Writes DIR/fp8_gemm_table.json (copy it
 to tp_runtime/ops/), DIR/fp8_gemm_measured.jsonl (each winner with its reference times) and
-DIR/fp8_gemm_tune.jsonl (every timing), their records led by bench/record_file.py's common header.
+DIR/fp8_gemm_tune.jsonl (every timing), their records led by bench/record_file.py's common header. With
+--merge TABLE the written table also holds TABLE's entries for the shapes not tuned in this run.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from tp_runtime.bench.record_file import record_header, write_records
 from tp_runtime.config import load_config
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
-from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, shape_key
-from tp_runtime.ops.kernel_support import sm_count
+from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, Fp8GemmTable, shape_key
+from tp_runtime.ops.kernel_support import resolve_pdl, sm_count
 from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, linear_triton
 from tp_runtime.paths import write_text_atomic
 from tp_runtime.weights.fp8 import quantize_fp8
@@ -49,11 +55,11 @@ def weight_shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
     return fp8_gemm_shapes(load_config(ROOT / "configs" / f"{model}.yaml").model, tp)
 
 
-def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
-    """The launches tried at M = bucket."""
+def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool, pdl: bool) -> list[Fp8GemmConfig]:
+    """The launches tried at M = bucket (prefetching under PDL; `tune_shape` tries the winner without)."""
     kb, out = k // 128, []
     for bm in ([max(16, bucket)] if bucket <= 128 else [64, 128]):
-        for bn in (64, 128):
+        for bn in ((64, 128) if bucket < 32 else (64, 128, 256)):
             if (n // groups) % bn:
                 continue
             tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
@@ -62,7 +68,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 64 else (False,)):
-                        out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
+                        out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant, pdl) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
     return out
@@ -81,8 +87,8 @@ def graph_ms(call, copies: int) -> float:
     return graph_timing(lambda: call(next(cycle)), DEV, calls=copies, warmup=1, replays=10).median_ms
 
 
-def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[int, dict]:
-    """Best launch per M bucket for one weight shape, with its reference times."""
+def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, pdl: bool, log) -> dict[int, dict]:
+    """Best launch per M bucket for one weight shape, with its reference times; pdl: launch with PDL."""
     fp8_bytes = n * k + math.ceil(n / 128) * math.ceil(k / 128)
     copies = max(2, math.ceil(4 * L2_BYTES / fp8_bytes))
     g = torch.Generator(device="cuda").manual_seed(n + 7 * k)
@@ -98,21 +104,28 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[i
     for bucket in M_BUCKETS:
         x = torch.randn(bucket, groups * k, device="cuda", generator=g).to(torch.bfloat16)
         timed = []
-        for c in candidates(bucket, n, k, groups, n_sm, cublas):
+
+        def time_one(c: Fp8GemmConfig) -> None:
             try:
-                ms = graph_ms(lambda i, c=c: fp8_gemm(x, qs[i][0], qs[i][1], groups, c), copies)
+                ms = graph_ms(lambda i: fp8_gemm(x, qs[i][0], qs[i][1], groups, c, pdl=pdl), copies)
             except Exception as e:  # noqa: BLE001 (a launch that does not fit this GPU: out of shared memory, ...)
                 log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "error": str(e)[:200]})
-                continue
+                return
             timed.append((ms, c))
-            log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "ms": ms})
+            log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "pdl": pdl, "ms": ms})
+
+        for c in candidates(bucket, n, k, groups, n_sm, cublas, pdl):
+            time_one(c)
         ms, c = min(timed, key=lambda t: t[0])
-        exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups), copies)
+        if pdl and c.kernel == "triton":
+            time_one(c._replace(prefetch=False))
+            ms, c = min(timed, key=lambda t: t[0])
+        exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups, pdl=pdl), copies)
         if groups == 1:
             bf16 = graph_ms(lambda i: torch.nn.functional.linear(x, wb[i]), bcopies)
         else:
             bf16 = graph_ms(lambda i: grouped_linear(x, wb[i], groups), bcopies)
-        y = fp8_gemm(x, q, s, groups, c)
+        y = fp8_gemm(x, q, s, groups, c, pdl=pdl)
         ref = fp8_gemm_torch(x, q, s, groups).float()
         err = float((y.float() - ref).norm() / ref.norm())
         best[bucket] = {"config": c._asdict(), "ms": ms, "bw_share": fp8_bytes / (ms * 1e-3) / bw,
@@ -121,7 +134,7 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, log) -> dict[i
         print(f"  N={n:6d} K={k:5d} g={groups:2d} M={bucket:4d}  {ms * 1e3:8.1f} us ({best[bucket]['bw_share']:.0%})"
               f"  exact {exact * 1e3:8.1f}  bf16 {bf16 * 1e3:8.1f} ({best[bucket]['bf16_bw_share']:.0%})  "
               f"{c.kernel} bm{c.block_m} bn{c.block_n} s{c.splits} w{c.num_warps} st{c.num_stages} "
-              f"q{int(c.quant_x)}  err {err:.1e}", flush=True)
+              f"q{int(c.quant_x)} p{int(c.prefetch)}  err {err:.1e}", flush=True)
     return best
 
 
@@ -131,6 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tp", nargs="+", type=int, default=[1, 8, 2, 4])
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this long")
     ap.add_argument("--out", type=Path, default=Path("out/fp8_gemm_tune"))
+    ap.add_argument("--merge", type=Path, help="a table whose entries the written table keeps for untuned shapes")
     return ap.parse_args(argv)
 
 
@@ -138,29 +152,34 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     n_sm, bw, t0 = sm_count(DEV), bandwidth(DEV, 1024)["read_GBps"] * 1e9, time.time()
-    print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs", flush=True)
+    pdl = resolve_pdl("auto", DEV)
+    print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs, PDL {'on' if pdl else 'off'}", flush=True)
     shapes: dict[str, tuple[int, int, int]] = {}
     for tp in a.tp:
         for model in a.models:
             for name, shp in weight_shapes(model, tp).items():
                 shapes.setdefault(shape_key(*shp), shp)
     timings: list[dict] = []
-    entries, measured = {}, {}
+    entries = {k: {str(b): c._asdict() for b, c in by.items()} for k, by in Fp8GemmTable.load(a.merge).entries.items()
+               } if a.merge else {}
+    measured = {}
     for key, (n, k, groups) in shapes.items():
         if time.time() - t0 > a.budget_s:
             print(f"budget spent: {key} and later shapes untuned", flush=True)
             continue
-        best = tune_shape(n, k, groups, bw, n_sm, timings.append)
+        best = tune_shape(n, k, groups, bw, n_sm, pdl, timings.append)
         entries[key] = {str(b): v["config"] for b, v in best.items()}
         measured[key] = best
-    settings = {"models": a.models, "tp": a.tp, "budget_s": a.budget_s, "read_bandwidth_TBps": bw / 1e12}
+    settings = {"models": a.models, "tp": a.tp, "budget_s": a.budget_s, "read_bandwidth_TBps": bw / 1e12, "pdl": pdl,
+                "merged_from": str(a.merge) if a.merge else None}
     write_records(a.out / "fp8_gemm_tune.jsonl", timings, settings)
     write_records(a.out / "fp8_gemm_measured.jsonl",
                   [{"shape": key, "M": b, **v} for key, by in measured.items() for b, v in by.items()], settings)
     meta = {**record_header(settings), "date": time.strftime("%Y-%m-%d")}
     write_text_atomic(a.out / "fp8_gemm_table.json", json.dumps({"meta": meta, "entries": entries}, indent=1) + "\n")
     bad = [(k, b) for k, by in measured.items() for b, v in by.items() if not v["ok"]]
-    print(f"{len(entries)} shapes tuned in {time.time() - t0:.0f} s; {len(bad)} winners off their twin: {bad}")
+    print(f"{len(measured)} shapes tuned in {time.time() - t0:.0f} s ({len(entries)} in the table); {len(bad)} winners "
+          f"off their twin: {bad}")
     return 1 if bad else 0
 
 

@@ -86,6 +86,16 @@ def test_a_missing_shape_falls_back_and_warns_once():
         assert table.config(64, 256, 512, 1, x, 132).kernel == "triton"
 
 
+def test_table_entries_load_with_and_without_the_prefetch_field(tmp_path):
+    # a table written before launches could prefetch loads with the prefetch off; a newer entry keeps its choice
+    old = {"kernel": "triton", "block_m": 16, "block_n": 64, "splits": 2, "num_warps": 4, "num_stages": 3,
+           "quant_x": True}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"meta": {}, "entries": {"256,512,1": {"1": old, "2": {**old, "prefetch": True}}}}))
+    by_m = Fp8GemmTable.load(path).entries["256,512,1"]
+    assert by_m[1] == Fp8GemmConfig("triton", 16, 64, 2, 4, 3, True, False) and by_m[2].prefetch is True
+
+
 def test_default_config_fits_every_size():
     for m in (1, 7, 64, 513):
         for n, k in ((1536, 4096), (4096, 1024), (256, 200)):

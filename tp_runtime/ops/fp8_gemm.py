@@ -22,7 +22,10 @@ kernel streams the weight at HBM speed. x is rounded in the prologue of each K s
 from L2 by every N tile) or read already rounded (`quantize_x`, one launch: large M, where each N tile rounding
 all of x again would cost more than that launch). K is split over programs where the output tiles leave SMs
 idle: each writes an fp32 partial, the last of a tile to finish sums them in split order (deterministic) and
-stores y (ops/linear.py `_store_or_sum`). Which tile sizes, stages, splits and x path a GEMM takes is read
+stores y (ops/linear.py `_store_or_sum`). Under PDL a program may first ask the L2 for its weight rows
+(`prefetch_l2`: one bulk request per row, no registers held) and only then wait for the kernel before it: weights
+depend on no earlier kernel, so their first bytes stream while that kernel finishes, where a decode step's short
+kernels leave HBM idle. Which tile sizes, stages, splits, x path and prefetch a GEMM takes is read
 from the tuning table (ops/fp8_gemm_table.py), per weight shape and M bucket; cuBLASLt's block-scaled GEMM
 (`torch._scaled_mm` on the same rounded x) is one of the table's choices.
 """
@@ -33,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, prefetch_l2, tl, triton
 from tp_runtime.ops.linear import (BLOCK, dequantize, grouped_linear, rows_of, scaled_mm_weight_scales, store_or_sum,
                                    tile_counters)
 
@@ -47,11 +50,12 @@ class Fp8GemmConfig(NamedTuple):
 
     kernel: str  # "triton" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
-    block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block)
+    block_n: int  # weight rows a program covers: 64, 128 (one 128-row scale block) or 256 (a scale per row)
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
     quant_x: bool  # round x in the K loop's prologue (else one quantize_x launch first)
+    prefetch: bool = False  # with PDL: each program asks the L2 for its weight rows before it waits
 
 
 def e4m3_exponents_torch(amax: torch.Tensor) -> torch.Tensor:
@@ -92,7 +96,7 @@ def default_config(m: int, n: int, k: int, n_sm: int) -> Fp8GemmConfig:
     bm = min(128, max(16, 1 << (m - 1).bit_length()))
     tiles = -(-n // 128) * -(-m // bm)
     splits = max(1, min(-(-2 * n_sm // tiles), k // BLOCK // 4))
-    return Fp8GemmConfig("triton", bm, 128, splits, 4 if bm <= 64 else 8, 4, m <= 32)
+    return Fp8GemmConfig("triton", bm, 128, splits, 4 if bm <= 64 else 8, 4, m <= 32, True)
 
 
 def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,9 +136,10 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
+    prefetch = pdl and c.prefetch and qw.stride(0) % 16 == 0 and qw.data_ptr() % 16 == 0  # bulk requests' alignment
     _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
                            xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
-                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
+                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, PREFETCH=prefetch, num_warps=c.num_warps,
                            num_stages=c.num_stages, launch_pdl=pdl)
     return y.view(*x.shape[:-1], n)
 
@@ -158,10 +163,11 @@ def _round_block(x):
 @jit
 def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_xsm,
                      stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [split*STEPS, (split+1)*STEPS).
-    # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; x's scale is per row.
-    # The tile's columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
+    # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; BLOCK_N = 256 spans two
+    # scale blocks and scales per row. x's scale is per row. The tile's columns lie in one group (BLOCK_N divides
+    # GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = pid_n * BLOCK_N // GROUP_N
     x_ptr += group * K
@@ -171,7 +177,11 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
+    s_rows = s_ptr + (rn // 128) * stride_sn  # [BLOCK_N] (BLOCK_N = 256)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if PREFETCH:  # each weight row's bytes of this split (contiguous), on their way to L2 before the wait
+        k0 = split * STEPS * 128
+        prefetch_l2(w_ptr + tl.minimum(rn, N - 1) * stride_wn + k0, (tl.minimum(k0 + STEPS * 128, K) - k0) // 16 * 16)
     pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, (K + 127) // 128)):
         k_ok = (kb * 128 + rk) < K
@@ -183,8 +193,12 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
         else:
             xq = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
-        ws = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
-        acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
+        if BLOCK_N > 128:
+            ws_rows = tl.exp2(tl.load(s_rows + kb, mask=n_ok, other=127).to(tl.float32) - 127.0)
+            acc += tl.dot(w, tl.trans(xq)) * ws_rows[:, None] * xsc[None, :]
+        else:
+            ws = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
+            acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
     store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
