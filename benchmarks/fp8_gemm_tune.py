@@ -59,7 +59,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
     """The launches tried at M = bucket (prefetching under PDL; `tune_shape` tries the winner without)."""
     kb, out = k // 128, []
     for bm in ([max(16, bucket)] if bucket <= 128 else [64, 128]):
-        for bn in ((64, 128) if bucket < 32 else (64, 128, 256)):
+        for bn in ((64, 128) if bucket < 32 or bm > 64 else (64, 128, 256)):  # 256 x 128: out of registers
             if (n // groups) % bn:
                 continue
             tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
@@ -67,7 +67,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
             splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
-                    for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 64 else (False,)):
+                    for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 32 else (False,)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant, pdl) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
