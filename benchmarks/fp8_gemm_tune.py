@@ -5,13 +5,16 @@ GEMM, with or without the L2 prefetch of weights under PDL) and writes the faste
 backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
-                                       [--merge TABLE]
+                                       [--merge TABLE [--only-missing]] [--pdl] [--jobs N]
 
 Each launch is timed as a CUDA graph of one call per copy of the weight, enough copies to exceed the L2 several
 times (every call streams its weight from HBM, as in a step; the host's launch cost is out of the number): the
-median over replays (CUDA events) / copies. Where the GPU runs PDL (runtime.pdl=auto), the calls launch with it,
-as a step's do: each GEMM may start, and prefetch its weight, while the one before it finishes. The winner of
-each bucket is timed again with the prefetch flipped, and the faster kept.
+median over replays (CUDA events) / copies. With --pdl the calls launch with PDL where the GPU runs it, so each
+GEMM may start, and prefetch its weight (the candidates do), while the one before it finishes; the winner of each
+bucket is timed again without the prefetch and the faster kept. Off by default: copies of one GEMM overlap each
+other more than a step's kernels overlap a GEMM, and launches so chosen measured 0.3-2 % slower in a step.
+Before any timing, the candidate launches compile in --jobs processes (Triton's on-disk cache then serves the
+timing process; compiling dominates a tune otherwise).
 Beside the table's choice each record holds the time of the GEMM on
 x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
 read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
@@ -27,8 +30,11 @@ import argparse
 import itertools
 import json
 import math
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -138,6 +144,33 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, pdl: bool, log
     return best
 
 
+def compile_bucket(job: tuple[int, int, int, int, bool]) -> int:
+    """(N, K, groups, M bucket, pdl): run every candidate launch, and the exact-activation kernel, once in this
+    process, so that Triton compiles them into its on-disk cache. Returns how many launches ran."""
+    n, k, groups, bucket, pdl = job
+    q, s = quantize_fp8(torch.randn(n, k, device=DEV) / k ** 0.5)
+    x = torch.randn(bucket, groups * k, device=DEV).to(torch.bfloat16)
+    ran = 0
+    for c in candidates(bucket, n, k, groups, sm_count(DEV), blockwise_scaled_mm_available(DEV), pdl):
+        for launch in {c, c._replace(prefetch=False)}:
+            try:
+                fp8_gemm(x, q, s, groups, launch, pdl=pdl)
+                ran += 1
+            except Exception:  # noqa: BLE001, S112 (a launch that does not fit: the timing logs it)
+                continue
+    linear_triton(x, q, s, groups, pdl=pdl)
+    torch.cuda.synchronize()
+    return ran
+
+
+def precompile(shapes: list[tuple[int, int, int]], pdl: bool, jobs: int) -> None:
+    """Compile every candidate of `shapes` at every M bucket in `jobs` processes before the timing."""
+    t0, work = time.time(), [(n, k, g, b, pdl) for n, k, g in shapes for b in M_BUCKETS]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ran = sum(pool.map(compile_bucket, work))
+    print(f"compiled: {ran} launches of {len(shapes)} shapes in {jobs} processes, {time.time() - t0:.0f} s", flush=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["v4_flash", "v4_pro"])
@@ -145,6 +178,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new shapes after this long")
     ap.add_argument("--out", type=Path, default=Path("out/fp8_gemm_tune"))
     ap.add_argument("--merge", type=Path, help="a table whose entries the written table keeps for untuned shapes")
+    ap.add_argument("--only-missing", action="store_true", help="tune only the shapes the --merge table lacks")
+    ap.add_argument("--pdl", action="store_true", help="time under PDL, with the weight prefetch (module doc)")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes compiling the candidates first (1: compile while timing)")
     return ap.parse_args(argv)
 
 
@@ -152,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     n_sm, bw, t0 = sm_count(DEV), bandwidth(DEV, 1024)["read_GBps"] * 1e9, time.time()
-    pdl = resolve_pdl("auto", DEV)
+    pdl = a.pdl and resolve_pdl("auto", DEV)
     print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs, PDL {'on' if pdl else 'off'}", flush=True)
     shapes: dict[str, tuple[int, int, int]] = {}
     for tp in a.tp:
@@ -162,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     timings: list[dict] = []
     entries = {k: {str(b): c._asdict() for b, c in by.items()} for k, by in Fp8GemmTable.load(a.merge).entries.items()
                } if a.merge else {}
+    if a.only_missing:
+        shapes = {key: shp for key, shp in shapes.items() if key not in entries}
+    if a.jobs > 1 and shapes:
+        precompile(list(shapes.values()), pdl, a.jobs)
     measured = {}
     for key, (n, k, groups) in shapes.items():
         if time.time() - t0 > a.budget_s:

@@ -96,7 +96,7 @@ def default_config(m: int, n: int, k: int, n_sm: int) -> Fp8GemmConfig:
     bm = min(128, max(16, 1 << (m - 1).bit_length()))
     tiles = -(-n // 128) * -(-m // bm)
     splits = max(1, min(-(-2 * n_sm // tiles), k // BLOCK // 4))
-    return Fp8GemmConfig("triton", bm, 128, splits, 4 if bm <= 64 else 8, 4, m <= 32, True)
+    return Fp8GemmConfig("triton", bm, 128, splits, 4 if bm <= 64 else 8, 4, m <= 32)
 
 
 def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
