@@ -1,27 +1,24 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
-sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, cuBLASLt's block-scaled
-GEMM, with or without the L2 prefetch of weights under PDL) and writes the fastest into the table the Triton
-backend reads.
+sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the GEMV at M = 1,
+cuBLASLt's block-scaled GEMM) and writes the fastest into the table the Triton backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
-                                       [--merge TABLE [--only-missing]] [--pdl] [--jobs N]
+                                       [--merge TABLE [--only-missing]] [--buckets 1 2 ...] [--jobs N]
 
 Each launch is timed as a CUDA graph of one call per copy of the weight, enough copies to exceed the L2 several
 times (every call streams its weight from HBM, as in a step; the host's launch cost is out of the number): the
-median over replays (CUDA events) / copies. With --pdl the calls launch with PDL where the GPU runs it, so each
-GEMM may start, and prefetch its weight (the candidates do), while the one before it finishes; the winner of each
-bucket is timed again without the prefetch and the faster kept. Off by default: copies of one GEMM overlap each
-other more than a step's kernels overlap a GEMM, and launches so chosen measured 0.3-2 % slower in a step.
-Before any timing, the candidate launches compile in --jobs processes (Triton's on-disk cache then serves the
-timing process; compiling dominates a tune otherwise).
+median over replays (CUDA events) / copies, launched without PDL (copies of one GEMM under PDL overlap each other
+more than a step's kernels overlap a GEMM: launches chosen so measured 0.3-2 % slower in a step). Before any
+timing, the candidate launches compile in --jobs processes (Triton's on-disk cache then serves the timing
+process; compiling dominates a tune otherwise).
 Beside the table's choice each record holds the time of the GEMM on
 x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
 read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
 The winner of each (shape, bucket) is checked against the torch twin. Writes DIR/fp8_gemm_table.json (copy it
 to tp_runtime/ops/), DIR/fp8_gemm_measured.jsonl (each winner with its reference times) and
 DIR/fp8_gemm_tune.jsonl (every timing), their records led by bench/record_file.py's common header. With
---merge TABLE the written table also holds TABLE's entries for the shapes not tuned in this run.
+--merge TABLE the written table also holds TABLE's entries for the shapes and M buckets not tuned in this run.
 """
 
 from __future__ import annotations
@@ -45,8 +42,8 @@ from tp_runtime.config import load_config
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, Fp8GemmTable, shape_key
-from tp_runtime.ops.kernel_support import resolve_pdl, sm_count
-from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, linear_triton
+from tp_runtime.ops.kernel_support import sm_count
+from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, k_splits, linear_triton
 from tp_runtime.paths import write_text_atomic
 from tp_runtime.weights.fp8 import quantize_fp8
 from tp_runtime.weights.specs import fp8_gemm_shapes
@@ -61,11 +58,15 @@ def weight_shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
     return fp8_gemm_shapes(load_config(ROOT / "configs" / f"{model}.yaml").model, tp)
 
 
-def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool, pdl: bool) -> list[Fp8GemmConfig]:
-    """The launches tried at M = bucket (prefetching under PDL; `tune_shape` tries the winner without)."""
+def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
+    """The launches tried at M = bucket."""
     kb, out = k // 128, []
+    if bucket == 1 and k % 128 == 0:  # the GEMV: rows x K step, K split to ~4 or ~8 programs per SM
+        for bn, bk in itertools.product((16, 32), (256, 512)):
+            for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (4, 8)}):
+                out.append(Fp8GemmConfig("gemv", 1, bn, s, 4, 3, True, bk))
     for bm in ([max(16, bucket)] if bucket <= 128 else [64, 128]):
-        for bn in ((64, 128) if bucket < 32 or bm > 64 else (64, 128, 256)):  # 256 x 128: out of registers
+        for bn in (64, 128):
             if (n // groups) % bn:
                 continue
             tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
@@ -74,7 +75,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 32 else (False,)):
-                        out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant, pdl) for s in splits]
+                        out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
     return out
@@ -93,8 +94,8 @@ def graph_ms(call, copies: int) -> float:
     return graph_timing(lambda: call(next(cycle)), DEV, calls=copies, warmup=1, replays=10).median_ms
 
 
-def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, pdl: bool, log) -> dict[int, dict]:
-    """Best launch per M bucket for one weight shape, with its reference times; pdl: launch with PDL."""
+def tune_shape(n: int, k: int, groups: int, buckets: list[int], bw: float, n_sm: int, log) -> dict[int, dict]:
+    """Best launch per M bucket for one weight shape, with its reference times."""
     fp8_bytes = n * k + math.ceil(n / 128) * math.ceil(k / 128)
     copies = max(2, math.ceil(4 * L2_BYTES / fp8_bytes))
     g = torch.Generator(device="cuda").manual_seed(n + 7 * k)
@@ -107,31 +108,28 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, pdl: bool, log
     del w
     cublas = blockwise_scaled_mm_available(q.device)
     best = {}
-    for bucket in M_BUCKETS:
+    for bucket in buckets:
         x = torch.randn(bucket, groups * k, device="cuda", generator=g).to(torch.bfloat16)
         timed = []
 
         def time_one(c: Fp8GemmConfig) -> None:
             try:
-                ms = graph_ms(lambda i: fp8_gemm(x, qs[i][0], qs[i][1], groups, c, pdl=pdl), copies)
+                ms = graph_ms(lambda i: fp8_gemm(x, qs[i][0], qs[i][1], groups, c), copies)
             except Exception as e:  # noqa: BLE001 (a launch that does not fit this GPU: out of shared memory, ...)
                 log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "error": str(e)[:200]})
                 return
             timed.append((ms, c))
-            log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "pdl": pdl, "ms": ms})
+            log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "ms": ms})
 
-        for c in candidates(bucket, n, k, groups, n_sm, cublas, pdl):
+        for c in candidates(bucket, n, k, groups, n_sm, cublas):
             time_one(c)
         ms, c = min(timed, key=lambda t: t[0])
-        if pdl and c.kernel == "triton":
-            time_one(c._replace(prefetch=False))
-            ms, c = min(timed, key=lambda t: t[0])
-        exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups, pdl=pdl), copies)
+        exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups), copies)
         if groups == 1:
             bf16 = graph_ms(lambda i: torch.nn.functional.linear(x, wb[i]), bcopies)
         else:
             bf16 = graph_ms(lambda i: grouped_linear(x, wb[i], groups), bcopies)
-        y = fp8_gemm(x, q, s, groups, c, pdl=pdl)
+        y = fp8_gemm(x, q, s, groups, c)
         ref = fp8_gemm_torch(x, q, s, groups).float()
         err = float((y.float() - ref).norm() / ref.norm())
         best[bucket] = {"config": c._asdict(), "ms": ms, "bw_share": fp8_bytes / (ms * 1e-3) / bw,
@@ -139,33 +137,32 @@ def tune_shape(n: int, k: int, groups: int, bw: float, n_sm: int, pdl: bool, log
                         "err_vs_twin": err, "ok": err < TOL, "candidates": len(timed)}
         print(f"  N={n:6d} K={k:5d} g={groups:2d} M={bucket:4d}  {ms * 1e3:8.1f} us ({best[bucket]['bw_share']:.0%})"
               f"  exact {exact * 1e3:8.1f}  bf16 {bf16 * 1e3:8.1f} ({best[bucket]['bf16_bw_share']:.0%})  "
-              f"{c.kernel} bm{c.block_m} bn{c.block_n} s{c.splits} w{c.num_warps} st{c.num_stages} "
-              f"q{int(c.quant_x)} p{int(c.prefetch)}  err {err:.1e}", flush=True)
+              f"{c.kernel} bm{c.block_m} bn{c.block_n} bk{c.block_k} s{c.splits} w{c.num_warps} "
+              f"st{c.num_stages} q{int(c.quant_x)}  err {err:.1e}", flush=True)
     return best
 
 
-def compile_bucket(job: tuple[int, int, int, int, bool]) -> int:
-    """(N, K, groups, M bucket, pdl): run every candidate launch, and the exact-activation kernel, once in this
+def compile_bucket(job: tuple[int, int, int, int]) -> int:
+    """(N, K, groups, M bucket): run every candidate launch, and the exact-activation kernel, once in this
     process, so that Triton compiles them into its on-disk cache. Returns how many launches ran."""
-    n, k, groups, bucket, pdl = job
+    n, k, groups, bucket = job
     q, s = quantize_fp8(torch.randn(n, k, device=DEV) / k ** 0.5)
     x = torch.randn(bucket, groups * k, device=DEV).to(torch.bfloat16)
     ran = 0
-    for c in candidates(bucket, n, k, groups, sm_count(DEV), blockwise_scaled_mm_available(DEV), pdl):
-        for launch in {c, c._replace(prefetch=False)}:
-            try:
-                fp8_gemm(x, q, s, groups, launch, pdl=pdl)
-                ran += 1
-            except Exception:  # noqa: BLE001, S112 (a launch that does not fit: the timing logs it)
-                continue
-    linear_triton(x, q, s, groups, pdl=pdl)
+    for c in candidates(bucket, n, k, groups, sm_count(DEV), blockwise_scaled_mm_available(DEV)):
+        try:
+            fp8_gemm(x, q, s, groups, c)
+            ran += 1
+        except Exception:  # noqa: BLE001, S112 (a launch that does not fit: the timing logs it)
+            continue
+    linear_triton(x, q, s, groups)
     torch.cuda.synchronize()
     return ran
 
 
-def precompile(shapes: list[tuple[int, int, int]], pdl: bool, jobs: int) -> None:
-    """Compile every candidate of `shapes` at every M bucket in `jobs` processes before the timing."""
-    t0, work = time.time(), [(n, k, g, b, pdl) for n, k, g in shapes for b in M_BUCKETS]
+def precompile(shapes: list[tuple[int, int, int]], buckets: list[int], jobs: int) -> None:
+    """Compile every candidate of `shapes` at `buckets` in `jobs` processes before the timing."""
+    t0, work = time.time(), [(n, k, g, b) for n, k, g in shapes for b in buckets]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         ran = sum(pool.map(compile_bucket, work))
     print(f"compiled: {ran} launches of {len(shapes)} shapes in {jobs} processes, {time.time() - t0:.0f} s", flush=True)
@@ -179,18 +176,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("out/fp8_gemm_tune"))
     ap.add_argument("--merge", type=Path, help="a table whose entries the written table keeps for untuned shapes")
     ap.add_argument("--only-missing", action="store_true", help="tune only the shapes the --merge table lacks")
-    ap.add_argument("--pdl", action="store_true", help="time under PDL, with the weight prefetch (module doc)")
+    ap.add_argument("--buckets", nargs="+", type=int, default=list(M_BUCKETS), choices=M_BUCKETS,
+                    help="the M buckets to tune (with --merge, the others keep the table's launches)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling the candidates first (1: compile while timing)")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if sorted(set(a.buckets)) != list(M_BUCKETS) and not a.merge:
+        ap.error("--buckets needs --merge: the other buckets' launches come from that table")
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     n_sm, bw, t0 = sm_count(DEV), bandwidth(DEV, 1024)["read_GBps"] * 1e9, time.time()
-    pdl = a.pdl and resolve_pdl("auto", DEV)
-    print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs, PDL {'on' if pdl else 'off'}", flush=True)
+    print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs", flush=True)
     shapes: dict[str, tuple[int, int, int]] = {}
     for tp in a.tp:
         for model in a.models:
@@ -202,17 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.only_missing:
         shapes = {key: shp for key, shp in shapes.items() if key not in entries}
     if a.jobs > 1 and shapes:
-        precompile(list(shapes.values()), pdl, a.jobs)
+        precompile(list(shapes.values()), a.buckets, a.jobs)
     measured = {}
     for key, (n, k, groups) in shapes.items():
         if time.time() - t0 > a.budget_s:
             print(f"budget spent: {key} and later shapes untuned", flush=True)
             continue
-        best = tune_shape(n, k, groups, bw, n_sm, pdl, timings.append)
-        entries[key] = {str(b): v["config"] for b, v in best.items()}
+        best = tune_shape(n, k, groups, a.buckets, bw, n_sm, timings.append)
+        entries[key] = {**entries.get(key, {}), **{str(b): v["config"] for b, v in best.items()}}
         measured[key] = best
-    settings = {"models": a.models, "tp": a.tp, "budget_s": a.budget_s, "read_bandwidth_TBps": bw / 1e12, "pdl": pdl,
-                "merged_from": str(a.merge) if a.merge else None}
+    settings = {"models": a.models, "tp": a.tp, "buckets": a.buckets, "budget_s": a.budget_s,
+                "read_bandwidth_TBps": bw / 1e12, "merged_from": str(a.merge) if a.merge else None}
     write_records(a.out / "fp8_gemm_tune.jsonl", timings, settings)
     write_records(a.out / "fp8_gemm_measured.jsonl",
                   [{"shape": key, "M": b, **v} for key, by in measured.items() for b, v in by.items()], settings)

@@ -13,8 +13,8 @@ import torch
 
 from conftest import ROOT
 from tp_runtime.config import load_config
-from tp_runtime.ops.fp8_gemm import (Fp8GemmConfig, default_config, e4m3_exponents_torch, fp8_gemm_torch,
-                                     quantize_x_torch)
+from tp_runtime.ops.act_quant import e4m3_exponents_torch, quantize_x_torch
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, TABLE_PATH, Fp8GemmTable, m_bucket, shape_key
 from tp_runtime.ops.linear import dequantize
 from tp_runtime.ops.torch_path import TorchBackend
@@ -86,16 +86,6 @@ def test_a_missing_shape_falls_back_and_warns_once():
         assert table.config(64, 256, 512, 1, x, 132).kernel == "triton"
 
 
-def test_table_entries_load_with_and_without_the_prefetch_field(tmp_path):
-    # a table written before launches could prefetch loads with the prefetch off; a newer entry keeps its choice
-    old = {"kernel": "triton", "block_m": 16, "block_n": 64, "splits": 2, "num_warps": 4, "num_stages": 3,
-           "quant_x": True}
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps({"meta": {}, "entries": {"256,512,1": {"1": old, "2": {**old, "prefetch": True}}}}))
-    by_m = Fp8GemmTable.load(path).entries["256,512,1"]
-    assert by_m[1] == Fp8GemmConfig("triton", 16, 64, 2, 4, 3, True, False) and by_m[2].prefetch is True
-
-
 def test_default_config_fits_every_size():
     for m in (1, 7, 64, 513):
         for n, k in ((1536, 4096), (4096, 1024), (256, 200)):
@@ -103,15 +93,18 @@ def test_default_config_fits_every_size():
             assert 16 <= c.block_m <= 128 and c.block_n == 128 and 1 <= c.splits <= max(1, k // 128 // 4)
 
 
-def test_the_committed_table_covers_flash_and_pro_at_tp_1_and_8():
+def test_the_committed_table_covers_flash_and_pro_at_tp_1_2_4_and_8():
     raw = json.loads(TABLE_PATH.read_text())
     assert {"gpu", "torch", "triton", "command"} <= set(raw["meta"])
     table = Fp8GemmTable.load()
     for name in ("v4_flash", "v4_pro"):
-        for tp in (1, 8):
+        for tp in (1, 2, 4, 8):
             for n, k, groups in fp8_gemm_shapes(load_config(ROOT / "configs" / f"{name}.yaml").model, tp).values():
                 by_m = table.entries[shape_key(n, k, groups)]
                 assert sorted(by_m) == list(M_BUCKETS)
-                for c in by_m.values():
-                    assert c.kernel in ("triton", "scaled_mm")
-                    assert c.kernel == "scaled_mm" or ((n // groups) % c.block_n == 0 and c.block_m >= 16)
+                for bucket, c in by_m.items():
+                    assert c.kernel in ("triton", "gemv", "scaled_mm")
+                    if c.kernel == "triton":
+                        assert (n // groups) % c.block_n == 0 and c.block_m >= 16 and c.block_k == 128
+                    if c.kernel == "gemv":  # one row, whole 128-column blocks a K step
+                        assert bucket == 1 and c.block_m == 1 and c.block_k % 128 == 0

@@ -13,9 +13,8 @@ import torch
 
 from conftest import ROOT
 from tp_runtime.config import load_config
-from tp_runtime.ops.fp8_gemm import (Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x,
-                                     quantize_x_torch)
-from tp_runtime.capability import pdl_unavailable
+from tp_runtime.ops.act_quant import quantize_x_torch
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
 from tp_runtime.ops.torch_path import TorchBackend
@@ -82,15 +81,18 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
 @pytest.mark.parametrize("quant_x", [True, False])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_every_launch_kind(quant_x, splits):
-    # Both x paths, uneven K splits, 64-, 128- and 256-row tiles (the last: a weight scale per row), M tiles over
-    # 128 rows; K = 1000 ends inside a block.
+    # Both x paths, uneven K splits, 64- and 128-row tiles, M tiles over 128 rows, the GEMV at M = 1 (16 or 32 rows,
+    # K steps of 1 to 4 blocks); K = 1000 ends inside a block.
     for n, k, groups in [(4096, 1024, 1), (2048, 4096, 2), (256, 1000, 1)]:
         q, s = _weights(n, k, splits)
         for m in (1, 5, 64, 300):
             x = torch.randn(m, groups * k, device="cuda").to(torch.bfloat16)
             ref = fp8_gemm_torch(x, q, s, groups)
-            for bn in (64, 128, 256):
+            for bn in (64, 128):
                 c = Fp8GemmConfig("triton", min(128, max(16, 1 << (m - 1).bit_length())), bn, splits, 4, 3, quant_x)
+                assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+            for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
+                c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
 
 
@@ -118,32 +120,6 @@ def test_split_k_deterministic_and_in_a_cuda_graph():
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(y, fp8_gemm(x, q, s, 1, c)) and not torch.equal(y, y0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or pdl_unavailable(torch.device("cuda")) is not None,
-                    reason="PDL needs compute capability >= 9.0 and a Triton with launch_pdl")
-def test_prefetch_under_pdl_gives_the_same_bits_in_a_captured_chain():
-    # The L2 prefetch is a hint: a chain of PDL launches, each GEMM reading the output of the one before (so a
-    # prefetch issued before the wait must not let it read stale data), gives the bits of plain launches, eagerly
-    # and replayed. Odd K (1000: the last row bytes not a multiple of 16) and uneven splits included.
-    for n, k, splits in [(1024, 1024, 1), (1024, 1024, 3), (1000, 1000, 2)]:
-        q, s = _weights(n, k, 11 + splits)
-        x0 = torch.randn(4, k, device="cuda").to(torch.bfloat16)
-        c = Fp8GemmConfig("triton", 16, 128, splits, 4, 4, True, True)
-
-        def chain(pdl: bool) -> torch.Tensor:
-            y = x0
-            for _ in range(4):
-                y = fp8_gemm(y, q, s, 1, c, pdl=pdl)
-            return y
-
-        want = chain(False)
-        assert torch.equal(chain(True), want)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = chain(True)
-        graph.replay()
-        assert torch.equal(got, want), (n, k, splits)
 
 
 def test_backends_agree_and_torch_launches_no_triton():

@@ -250,9 +250,10 @@ def test_fp8_gemm_family():
     check_on_off(x, lambda x, pdl: list(quantize_x(x[0], pdl)))
     qw, scale = _fp8_weight(FLASH.q_lora_rank + D, FLASH.hidden_size, g)
     for quant_x in (True, False):  # rounding in the prologue, or one quantize launch first; split K
-        for prefetch in (False, True):  # the weight's L2 prefetch before the wait (under PDL only)
-            c = Fp8GemmConfig("triton", 64, 128, 4, 4, 3, quant_x, prefetch)
-            check_on_off(x, lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])
+        c = Fp8GemmConfig("triton", 64, 128, 4, 4, 3, quant_x)
+        check_on_off(x, lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])
+    c = Fp8GemmConfig("gemv", 1, 16, 4, 4, 3, True, 512)  # M = 1: the GEMV, rounding x in its K loop
+    check_on_off([x[0][:1]], lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])
     if blockwise_scaled_mm_available(DEV):  # quantize (Triton, PDL) then cuBLASLt (no PDL)
         c = Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False)
         check_on_off(x, lambda x, pdl: [fp8_gemm(x[0], qw, scale, 1, c, pdl=pdl)])

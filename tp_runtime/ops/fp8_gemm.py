@@ -5,29 +5,23 @@
     scale  [ceil(groups*N/128), K/128] uint8 e8m0 bytes v: the 128 x 128 block's scale is 2^(v - 127)
     y      [M, groups*N]  in x's dtype; grouped: output columns [g*N, (g+1)*N) read x's columns [g*K, (g+1)*K)
 
-Semantics (DeepSeek's `act_quant` with power-of-two scales, then its block-scaled `fp8_gemm`): each 1 x 128 block
-of x is divided by s = 2^ceil(log2(max(amax, 1e-4) / 448)) and rounded to e4m3 (nearest even; |x / s| <= 448 by
-the choice of s); y[m, n] = sum over K blocks b of s_x[m, b] * s_w[n/128, b] * (xq[m, b] . wq[n, b]), each block's
-dot exact in fp32 (e4m3 products are exact in fp32; tensor cores add them in fp32) and scaled once per block.
-`quantize_x_torch` and `fp8_gemm_torch` (ops/linear.py) are the torch twins; the Triton path differs from them by
-the order of fp32 sums only.
+Semantics (DeepSeek's `act_quant` with power-of-two scales, ops/act_quant.py, then its block-scaled `fp8_gemm`):
+each 1 x 128 block of x is rounded to e4m3 xq with a power-of-two scale s_x; y[m, n] = sum over K blocks b of
+s_x[m, b] * s_w[n/128, b] * (xq[m, b] . wq[n, b]), each block's dot exact in fp32 (e4m3 products are exact in
+fp32; tensor cores add them in fp32) and scaled once per block. `fp8_gemm_torch` is the torch twin; the Triton
+launches differ from it by the order of fp32 sums only.
 
-The exponent of s is read off amax's fp32 bits, not from a rounded log2: amax = 1.f x 2^e; amax / 448 <= 2^(e - 8)
-exactly when 1.f <= 1.75 (448 = 1.75 x 2^8), so ceil(log2(amax / 448)) = e - 8 + (f > 0.75). Then x / s is a
-multiplication by an exact power of two.
-
-One kernel, `_fp8_gemm_kernel`: the weight tile [BLOCK_N, 128] is the MMA's wide side and x's rows the narrow one
+The MMA kernel, `_fp8_gemm_kernel`: the weight tile [BLOCK_N, 128] is the MMA's wide side and x's rows the narrow one
 ("swap AB"), so M = 1 pads to 16 columns on the tensor cores, which at decode sizes have cycles to spare: the
 kernel streams the weight at HBM speed. x is rounded in the prologue of each K step (QUANT_X: M small, x re-read
 from L2 by every N tile) or read already rounded (`quantize_x`, one launch: large M, where each N tile rounding
 all of x again would cost more than that launch). K is split over programs where the output tiles leave SMs
 idle: each writes an fp32 partial, the last of a tile to finish sums them in split order (deterministic) and
-stores y (ops/linear.py `_store_or_sum`). Under PDL a program may first ask the L2 for its weight rows
-(`prefetch_l2`: one bulk request per row, no registers held) and only then wait for the kernel before it: weights
-depend on no earlier kernel, so their first bytes stream while that kernel finishes, where a decode step's short
-kernels leave HBM idle. Which tile sizes, stages, splits, x path and prefetch a GEMM takes is read
-from the tuning table (ops/fp8_gemm_table.py), per weight shape and M bucket; cuBLASLt's block-scaled GEMM
-(`torch._scaled_mm` on the same rounded x) is one of the table's choices.
+stores y (ops/linear.py `_store_or_sum`). At M = 1 the GEMV of ops/linear.py (products on CUDA cores, no MMA
+padding) may run instead, rounding each 128 columns of x in its K loop: the same exact products, summed in another
+order. Which kernel, tile sizes, stages, splits and x path a GEMM takes is read from the tuning table
+(ops/fp8_gemm_table.py), per weight shape and M bucket; cuBLASLt's block-scaled GEMM (`torch._scaled_mm` on the
+same rounded x) is one of the table's choices.
 """
 
 from __future__ import annotations
@@ -36,45 +30,26 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, prefetch_l2, tl, triton
-from tp_runtime.ops.linear import (BLOCK, dequantize, grouped_linear, rows_of, scaled_mm_weight_scales, store_or_sum,
-                                   tile_counters)
+from tp_runtime.ops.act_quant import BLOCK, quantize_x_torch, round_block
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
+from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
+                                   scaled_mm_weight_scales, store_or_sum, tile_counters)
 
-AMAX_FLOOR = 1e-4  # DeepSeek's act_quant: a block whose |x| are all below it is scaled as if its max were 1e-4
-E4M3_MAX = 448.0
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
 
 
 class Fp8GemmConfig(NamedTuple):
-    """One launch of the family: Triton tiles, or cuBLASLt ("scaled_mm": the other fields unused)."""
+    """One launch of the family: the MMA kernel ("triton"), the GEMV ("gemv": M = 1, block_m 1, x rounded in its
+    K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
 
-    kernel: str  # "triton" | "scaled_mm"
+    kernel: str  # "triton" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
-    block_n: int  # weight rows a program covers: 64, 128 (one 128-row scale block) or 256 (a scale per row)
+    block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block); the GEMV's 16 or 32
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
     quant_x: bool  # round x in the K loop's prologue (else one quantize_x launch first)
-    prefetch: bool = False  # with PDL: each program asks the L2 for its weight rows before it waits
-
-
-def e4m3_exponents_torch(amax: torch.Tensor) -> torch.Tensor:
-    """amax >= AMAX_FLOOR, fp32 -> int32 e with 2^e = 2^ceil(log2(amax / 448)), from amax's bits (module doc)."""
-    bits = amax.to(torch.float32).view(torch.int32)
-    return ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-
-
-def quantize_x_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 [M, K], fp32 scales [M, ceil(K/128)]), the semantics of the module doc (a last,
-    partial block is rounded as if padded with zeros)."""
-    m, k = x.shape
-    kb = -(-k // BLOCK)
-    blocks = torch.nn.functional.pad(x.to(torch.float32), (0, kb * BLOCK - k)).view(m, kb, BLOCK)
-    amax = blocks.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    e = e4m3_exponents_torch(amax)
-    inv = ((127 - e) << 23).view(torch.float32)  # 2^-e, exact
-    q = (blocks * inv[..., None]).to(torch.float8_e4m3fn).view(m, kb * BLOCK)[:, :k]
-    return q, ((e + 127) << 23).view(torch.float32)
+    block_k: int = BLOCK  # columns a K step covers: 128 (one scale block) but in the GEMV (a multiple of 128)
 
 
 def fp8_gemm_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -116,8 +91,13 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     """x [M, groups*K] @ W^T by configuration c (shapes: module doc); pdl: programmatic dependent launch."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    if k % BLOCK:  # blocks of x must not straddle groups: the prologue rounds each group's own blocks
-        c = c._replace(kernel="triton", quant_x=True)
+    if k % BLOCK and c.kernel != "gemv":  # blocks of x must not straddle groups: the in-loop rounding keeps each
+        c = c._replace(kernel="triton", quant_x=True)  # group's own blocks (one quantize launch would not)
+    if c.kernel == "gemv":
+        if m != 1:
+            raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
+        lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
+        return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
@@ -136,38 +116,20 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
-    prefetch = pdl and c.prefetch and qw.stride(0) % 16 == 0 and qw.data_ptr() % 16 == 0  # bulk requests' alignment
     _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
                            xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
-                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, PREFETCH=prefetch, num_warps=c.num_warps,
+                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
                            num_stages=c.num_stages, launch_pdl=pdl)
     return y.view(*x.shape[:-1], n)
 
 
 @jit
-def _e4m3_scale_bits(amax):
-    # amax [R] fp32 (>= 1e-4) -> the exponent e of 2^ceil(log2(amax / 448)) (module doc), int32
-    bits = amax.to(tl.int32, bitcast=True)
-    return ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-
-
-@jit
-def _round_block(x):
-    # x [R, 128] fp32 -> (e4m3 [R, 128], scales 2^e [R] fp32): one 1 x 128 block per row, exact power-of-two scales
-    e = _e4m3_scale_bits(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4))
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    q = (x * inv[:, None]).to(tl.float8e4nv)
-    return q, ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@jit
 def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_xsm,
                      stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                     BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [split*STEPS, (split+1)*STEPS).
-    # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; BLOCK_N = 256 spans two
-    # scale blocks and scales per row. x's scale is per row. The tile's columns lie in one group (BLOCK_N divides
-    # GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
+    # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; x's scale is per row.
+    # The tile's columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = pid_n * BLOCK_N // GROUP_N
     x_ptr += group * K
@@ -177,11 +139,7 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
-    s_rows = s_ptr + (rn // 128) * stride_sn  # [BLOCK_N] (BLOCK_N = 256)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PREFETCH:  # each weight row's bytes of this split (contiguous), on their way to L2 before the wait
-        k0 = split * STEPS * 128
-        prefetch_l2(w_ptr + tl.minimum(rn, N - 1) * stride_wn + k0, (tl.minimum(k0 + STEPS * 128, K) - k0) // 16 * 16)
     pdl_wait(PDL)
     for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, (K + 127) // 128)):
         k_ok = (kb * 128 + rk) < K
@@ -189,16 +147,12 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
                     other=0.0)
         x_at = x_ptr + rm[:, None] * stride_xm + (kb * 128 + rk)[None, :]
         if QUANT_X:
-            xq, xsc = _round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))
+            xq, xsc = round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))
         else:
             xq = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
-        if BLOCK_N > 128:
-            ws_rows = tl.exp2(tl.load(s_rows + kb, mask=n_ok, other=127).to(tl.float32) - 127.0)
-            acc += tl.dot(w, tl.trans(xq)) * ws_rows[:, None] * xsc[None, :]
-        else:
-            ws = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
-            acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
+        ws = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
+        acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
     store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
@@ -216,6 +170,6 @@ def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.
     x = tl.load(x_ptr + r[:, None] * stride_xm + c[None, :], mask=(r < M)[:, None] & (c < K)[None, :],
                 other=0.0).to(tl.float32)
     pdl_trigger(PDL)
-    q, sc = _round_block(x)
+    q, sc = round_block(x)
     tl.store(q_ptr + r[:, None] * K + c[None, :], q, mask=(r < M_PAD)[:, None] & (c < K)[None, :])
     tl.store(s_ptr + kb * M_PAD + r, sc, mask=r < M_PAD)

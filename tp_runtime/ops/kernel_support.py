@@ -73,17 +73,6 @@ def pdl_trigger(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-@jit
-def prefetch_l2(ptr, nbytes):
-    """Hopper (sm_90): ask the L2 to fetch [ptr, ptr + nbytes) from HBM, one bulk request per element of `ptr`
-    (16-byte aligned; nbytes a multiple of 16, skipped where <= 0). A hint: no value, no wait, no fence. The L2
-    is where every SM's writes meet, so a later load still reads the newest data: a kernel may prefetch its
-    weights before `pdl_wait`, overlapping their first bytes with the tail of the kernel before it."""
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-                              "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 PDL_CHOICES = ("auto", "on", "off")
 
 

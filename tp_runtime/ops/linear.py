@@ -44,9 +44,10 @@ from typing import NamedTuple
 
 import torch
 
+from tp_runtime.ops.act_quant import BLOCK, round_block
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, sm_count, tl, triton
 
-BLOCK = 128  # the checkpoint's quantization block: rows and columns; also the kernel's K step
+# BLOCK (128): the checkpoint's quantization block, rows and columns; also the kernels' K step
 
 
 def e8m0_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -155,15 +156,19 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
-                  config: LinearConfig | None = None, pdl: bool = False) -> torch.Tensor:
+                  config: LinearConfig | None = None, pdl: bool = False, round_x: bool = False) -> torch.Tensor:
     """The Triton kernels for W in FP8 with block scales (scale given) or in x's dtype (scale None);
-    config: one to use instead of `tile_config`'s (benchmarks); pdl: launched with programmatic dependent
-    launch (resolve_pdl; bitwise the same output)."""
+    config: one to use instead of `tile_config`'s (benchmarks, ops/fp8_gemm.py); pdl: launched with programmatic
+    dependent launch (resolve_pdl; bitwise the same output); round_x (the GEMV, FP8 weights): x rounded to e4m3
+    per 1 x 128 block of each group's columns as it is read (ops/act_quant.py), ops/fp8_gemm.py's semantics."""
     x2 = rows_of(x)
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
-    group_n = n // groups
     c = config or tile_config(m, n, k, sm_count(x.device))
+    if round_x and (scale is None or m != 1 or c.block_m != 1 or c.block_k % BLOCK):
+        raise ValueError(f"linear: x rounded to e4m3 needs FP8 weights and the GEMV (M = 1, a K step of whole "
+                         f"128-column blocks), got M = {m}, {c}")
+    group_n = n // groups
     bn = c.block_n
     while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
         bn //= 2
@@ -174,9 +179,9 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
         grid = (triton.cdiv(n, bn), c.splits)
         steps = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
         _gemv_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0]), n, k, group_n, w.stride(0),
-                           s.stride(0), steps, c.splits, HAS_SCALE=scale is not None, BLOCK_N=bn,
-                           BLOCK_K=c.block_k, PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages,
-                           launch_pdl=pdl)
+                           s.stride(0), steps, c.splits, HAS_SCALE=scale is not None, ROUND_X=round_x,
+                           BLOCK_N=bn, BLOCK_K=c.block_k, PDL=pdl, num_warps=c.num_warps,
+                           num_stages=c.num_stages, launch_pdl=pdl)
     else:
         grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
         steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
@@ -258,10 +263,13 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
 
 @jit
 def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, stride_wn, stride_sn, STEPS, SPLITS,
-                 HAS_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 HAS_SCALE: tl.constexpr, ROUND_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
     # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
     # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
-    # tile, reduced once at the end; x times the block scales, in fp32.
+    # tile, reduced once at the end; x times the block scales, in fp32. ROUND_X: each 128 columns of x (a
+    # multiple of them a step, counted from the group's first column) first become e4m3 values times their
+    # power-of-two scale, exact in fp32, so every product is the exact product of the FP8 operands.
     pid_n, split = tl.program_id(0), tl.program_id(1)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -273,6 +281,9 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
         x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        if ROUND_X:  # [BLOCK_K] as [BLOCK_K / 128, 128] blocks, each rounded with its own scale
+            q, sx = round_block(tl.reshape(x, (BLOCK_K // 128, 128)))
+            x = tl.reshape(q.to(tl.float32) * sx[:, None], (BLOCK_K,))
         if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
             v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
             x = x * tl.exp2(v.to(tl.float32) - 127.0)
