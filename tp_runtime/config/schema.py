@@ -109,9 +109,9 @@ class RuntimeConfig:
     # block scales and run through the FP8 GEMM (ops/linear.py); CUDA GPUs with FP8 (sm >= 8.9) only.
     weight_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
     # With FP8 weights: bf16 keeps the activations as they are (every FP8 GEMM in Triton, outputs differ from
-    # dequantize-then-matmul by accumulation order only). e4m3: GEMMs of more than 32 rows (prefill chunks,
-    # large batches) round x to e4m3 per 1 x 128 block, as the released inference code does, and run
-    # cuBLASLt's block-scaled FP8 GEMM (SM90): 1.2-3x faster there, about 2.7 % per GEMM output.
+    # dequantize-then-matmul by accumulation order only). e4m3: every FP8 GEMM rounds x to e4m3 per 1 x 128
+    # block, as the released inference code does, and multiplies the FP8 operands (ops/fp8_gemm.py: its
+    # launches from a tuning table per shape and M, cuBLASLt's block-scaled GEMM among them).
     fp8_activations: str = field(default="bf16", metadata=_choices("bf16", "e4m3"))
     # bf16: caches hold rows in the run dtype. fp8: as released (ops/cache_fp8.py), the window ring and the
     # compressed rows hold 448 e4m3 nope dims with a power-of-two scale per 64, the rope dims in bf16
