@@ -11,7 +11,8 @@ grouped bf16 GEMM of wo_a; the torch path beside them.
 dequantize-then-matmul result up to fp32 summation order), by M (measured on an H200, benchmarks/fp8_gemm.py):
 
 - "gemv" (M = 1, CUDA): a Triton GEMV, fp32 products on CUDA cores; x times the block scales (powers of two:
-  exact), the FP8 values only widened.
+  exact), the FP8 values only widened. It also serves ops/fp8_gemm.py at M = 1 (`round_x`): each 128 columns of
+  x rounded to e4m3 as they are read (ops/act_quant.py), so its products are those of the FP8 operands.
 - "tile" (M > 1): a Triton tl.dot kernel with bf16 activations, the weight tile widened in registers and its
   block's scale applied to the tile's fp32 product. The weight is the MMA's 64-row side and x the narrow one
   ("swap AB"), so M = 2..16 pads to 16 columns, not 64 rows.
