@@ -234,6 +234,14 @@ def stopped_at(stderr: str, rank: int) -> float:
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)
 
+# Each worker's share of the cores for torch's intra-op threads in the test process (as the local launcher gives
+# each rank: launcher.py). With torch's default (every core) in each of two workers on two cores, the threads of a
+# tiny in-process model spin-wait for each other and for the other worker: measured here, the in-process tests of
+# test_fp8_cache.py and test_parity.py next to a busy core took 30 s and 36 CPU-seconds with 2 threads, 14 s and
+# 14 CPU-seconds with 1. The processes the tests start are not affected (child_env sets their threads).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # Tests that use a module- or class-scoped fixture that is costly to build run one after another on one
 # worker (--dist loadgroup), so that fixture is built once, as in a serial run: (test file, fixture) -> group.
 XDIST_GROUPS = {
