@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -192,24 +192,28 @@ def assert_refused(r: subprocess.CompletedProcess, *needles: object) -> str:
 
 def watch_listeners(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None,
                     period_s: float = 0.25) -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
-    """Run cmd in this checkout and collect every listening TCP socket that any process it starts
-    holds while it runs, sampled every period_s: {(pid, name, address, port)}."""
+    """Run cmd in this checkout, its stdout and stderr pipes (as run_cli's), and collect every listening TCP socket
+    that any process it starts holds while it runs, sampled every period_s: {(pid, name, address, port)}."""
     env = {**(env or child_env()), MARK: uuid.uuid4().hex}
     seen: set[tuple[int, str, str, int]] = set()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: no pipe to fill
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                seen |= set(listeners(marked(env[MARK])))
-                time.sleep(period_s)
-        finally:
-            if proc.poll() is None:
-                stop([proc], grace_s=5)
-            left = reap(env[MARK])
-        out.seek(0)
-        err.seek(0)
-        done = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    texts: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda k=k, f=f: texts.__setitem__(k, f.read()), daemon=True)
+               for k, f in (("out", proc.stdout), ("err", proc.stderr))]  # drained while it runs: no pipe fills up
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= set(listeners(marked(env[MARK])))
+            time.sleep(period_s)
+    finally:
+        if proc.poll() is None:
+            stop([proc], grace_s=5)
+        left = reap(env[MARK])
+        for t in readers:
+            t.join(timeout=max(1.0, deadline - time.monotonic()))
+    done = subprocess.CompletedProcess(cmd, proc.returncode, texts.get("out", ""), texts.get("err", ""))
     assert not left, f"processes left behind by {cmd}: {left}"
     assert done.returncode is not None and time.monotonic() < deadline, f"{cmd} ran past {timeout_s} s"
     return done, seen
@@ -234,11 +238,20 @@ def stopped_at(stderr: str, rank: int) -> float:
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)
 
+# Each worker's share of the cores for torch's intra-op threads in the test process (as the local launcher gives
+# each rank: launcher.py). With torch's default (every core) in each of two workers on two cores, the threads of a
+# tiny in-process model spin-wait for each other and for the other worker: measured here, the in-process tests of
+# test_fp8_cache.py and test_parity.py next to a busy core took 30 s and 36 CPU-seconds with 2 threads, 14 s and
+# 14 CPU-seconds with 1. The processes the tests start are not affected (child_env sets their threads).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # Tests that use a module- or class-scoped fixture that is costly to build run one after another on one
 # worker (--dist loadgroup), so that fixture is built once, as in a serial run: (test file, fixture) -> group.
 XDIST_GROUPS = {
     ("test_checkpoint.py", "ckpt"): "checkpoint",  # a 3-file checkpoint written by the CLI (and tp1, its run)
     ("test_fp8_cache.py", "fp8_run"): "fp8_cache",  # the FP8-cache scenario run in process
+    ("test_launch_torchrun.py", "standalone"): "torchrun",  # a torchrun --standalone run, watched for listeners
     ("test_parity.py", "tp1"): "parity",  # the parity scenario run in process
     ("test_serve_bench.py", "tp1_run"): "serve_bench",  # a serve-bench run through the CLI
 }
@@ -277,11 +290,14 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make) -> o
 
 @pytest.fixture(scope="session")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """`run configs/tiny.yaml parallel.launcher=local` (tp = 2), once for the whole run: its returncode,
-    stdout and stderr."""
+    """`run configs/tiny.yaml parallel.launcher=local` (tp = 2), once for the whole run: its returncode, stdout and
+    stderr, and `listeners`, every listening socket its processes held while it ran ([pid, name, address, port],
+    watch_listeners): the launcher's store in the CLI process and gloo's in each rank, held from the rendezvous to
+    the end of the run, so its 8 requests are sampled in every state a longer run has."""
     def run() -> dict:
-        r = run_cli(["run", TINY, "parallel.launcher=local"], timeout_s=300)
-        return {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+        r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "parallel.launcher=local"],
+                                  timeout_s=300)
+        return {"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "listeners": sorted(seen)}
 
     return once_per_run(tmp_path_factory, "local_run", run)
 

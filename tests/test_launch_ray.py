@@ -39,10 +39,17 @@ def placements(stderr: str) -> dict[int, tuple[str, str]]:
 # ---------------------------------------------------------------- embedded (the quickstart)
 
 
-def test_quickstart_embedded_ray_matches_local(local_checksum: float) -> None:
+@pytest.fixture(scope="module")
+def quickstart() -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
+    """`tp-runtime run configs/tiny.yaml` as the README runs it, its output through pipes, watched for listening
+    sockets (watch_listeners, which also asserts that no process outlived it); one Ray start for two tests."""
+    return watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY], timeout_s=300)
+
+
+def test_quickstart_embedded_ray_matches_local(quickstart, local_checksum: float) -> None:
     """`tp-runtime run configs/tiny.yaml` as the README runs it: Ray is the config's launcher, an
     embedded instance on 127.0.0.1 starts and stops inside the command, nothing is left running."""
-    r = run_cli(["run", TINY], timeout_s=300)
+    r, _ = quickstart
     assert r.returncode == 0, r.stderr[-4000:]
     rec = last_json(r.stdout)
     assert rec["launcher"] == "ray" and rec["completed"] == 8
@@ -66,10 +73,10 @@ def test_embedded_ray_names_a_stopped_rank_0_within_the_timeout() -> None:
     assert STOP_TIMEOUT_S - 1 < after < STOP_TIMEOUT_S + 10, after  # run_cli: no process left behind
 
 
-def test_embedded_ray_listens_on_loopback_only() -> None:
-    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.25 s.
-    r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "workload.requests=64"],
-                              timeout_s=180)
+def test_embedded_ray_listens_on_loopback_only(quickstart) -> None:
+    # Ray's servers (GCS, raylet, workers) and rank 0's rendezvous store, sampled every 0.25 s while the
+    # quickstart ran: Ray's from its start, the ranks' from their rendezvous, each held to the end of the run.
+    r, seen = quickstart
     assert r.returncode == 0, r.stderr[-3000:]
     assert {"gcs_server", "raylet"} <= {name for _, name, _, _ in seen}, sorted(seen)
     assert any(name.startswith("ray::RankActor") for _, name, _, _ in seen), sorted(seen)  # the store, gloo

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import (MARK, REPO, STOP, STOP_TIMEOUT_S, TINY, child_env, free_port, is_loopback, last_json, reap,
                       run_cli, stop, stopped_at, watch_listeners)
 
@@ -43,17 +45,21 @@ def _two_nodes(env: dict[str, str], overrides: list[str]) -> list[subprocess.Pop
             for k in (0, 1)]
 
 
-def test_torchrun_standalone_matches_local(local_checksum: float) -> None:
-    env = child_env()
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "tp_runtime.engine.entry", TINY], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    [(rc, out, err)] = _wait_all([p], timeout_s=300)
-    assert rc == 0, err[-4000:]
-    rec = last_json(out)
+@pytest.fixture(scope="module")
+def standalone() -> tuple[subprocess.CompletedProcess, set[tuple[int, str, str, int]]]:
+    """`torchrun --standalone --nproc-per-node 2 -m tp_runtime.engine.entry configs/tiny.yaml`, watched for listening
+    sockets (watch_listeners: it also asserts that no process outlived it); shared by the checksum and the listener
+    test (one xdist group, tests/conftest.py)."""
+    return watch_listeners([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            "-m", "tp_runtime.engine.entry", TINY], timeout_s=300)
+
+
+def test_torchrun_standalone_matches_local(standalone, local_checksum: float) -> None:
+    r, _ = standalone
+    assert r.returncode == 0, r.stderr[-4000:]
+    rec = last_json(r.stdout)
     assert rec["launcher"] == "torchrun" and rec["tp"] == 2 and rec["completed"] == 8
     assert rec["output_checksum"] == local_checksum
-    assert not reap(env[MARK])
 
 
 def test_torchrun_two_node_processes_match_local(local_checksum: float) -> None:
@@ -204,22 +210,19 @@ def test_torchrun_names_a_stopped_rank_within_the_timeout() -> None:
 # ---------------------------------------------------------------- what listens during a run
 
 
-def test_local_launcher_listens_on_loopback_only() -> None:
-    # The launcher's store (this CLI process) and gloo's sockets in the ranks; 64 requests keep the
-    # run going for seconds while the sockets are sampled every 0.25 s.
-    r, seen = watch_listeners([sys.executable, "-m", "tp_runtime.cli", "run", TINY, "parallel.launcher=local",
-                               "workload.requests=64"], timeout_s=120)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_local_launcher_listens_on_loopback_only(local_run: dict) -> None:
+    # The launcher's store (the CLI process) and gloo's sockets in the ranks, sampled every 0.25 s while the
+    # session's local run (conftest.local_run) ran: each is bound at the rendezvous and held to the end of the run.
+    seen = {tuple(x) for x in local_run["listeners"]}
+    assert local_run["returncode"] == 0, local_run["stderr"][-3000:]
     assert len({pid for pid, _, _, _ in seen}) >= 3, seen  # the CLI's store, gloo's socket in each rank
     assert all(is_loopback(addr) for _, _, addr, _ in seen), sorted(seen)
 
 
-def test_torchrun_ranks_listen_on_loopback_only_and_the_agent_is_the_known_exception() -> None:
+def test_torchrun_ranks_listen_on_loopback_only_and_the_agent_is_the_known_exception(standalone) -> None:
     # torch's agent (pt_elastic) binds its rendezvous stores on every interface and torchrun offers no
     # way to hand it a loopback socket (README, security notes); the ranks themselves stay on 127.0.0.1.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tp_runtime.engine.entry", TINY, "workload.requests=64"]
-    r, seen = watch_listeners(cmd, timeout_s=120)
+    r, seen = standalone
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = {x for x in seen if x[1] != "pt_elastic"}
     assert len(ranks) >= 2 and all(is_loopback(addr) for _, _, addr, _ in ranks), sorted(seen)

@@ -8,13 +8,18 @@ rank's own device. This module imports nothing of the project, so every layer ma
 
 The sentences of the two refusals that both config validation and a rank's kernel choice raise are here
 too (kernels_refusal, pdl_refusal), so each reads the same wherever it is reached.
+
+torch is imported by the probes that ask it, not with this module: a config refused before any probe runs (the
+command line's `error:` lines) does not wait for torch's import (seconds).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # The compute capability cuBLASLt's and Triton's FP8 e4m3 GEMMs need (Ada, Hopper and newer).
 FP8_CAPABILITY = (8, 9)
@@ -39,6 +44,8 @@ def triton_unavailable(device: str) -> str | None:
     # find_spec rather than an import: asking must not load Triton (seconds) where the torch path runs.
     if importlib.util.find_spec("triton") is None:
         return "the triton package, which is not installed here"
+    import torch
+
     if not torch.cuda.is_available():
         return f"a CUDA device, and none is available here (runtime.device={device})"
     return None
@@ -48,17 +55,23 @@ def machine_device(device: str) -> str:
     """The device type runtime.device=`device` ('auto', 'cpu', 'cuda') gives ranks started on this machine:
     auto is cuda where a GPU is visible, else cpu."""
     if device == "auto":
+        import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
 
 def device_name(device: torch.device) -> str:
     """A device as a person knows it: the GPU's model name, else the device type ('cpu')."""
+    import torch
+
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def runs_fp8_gemms(device: torch.device) -> bool:
     """The device runs FP8 e4m3 GEMMs: a CUDA GPU of compute capability >= 8.9."""
+    import torch
+
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
 
 
@@ -86,6 +99,8 @@ def _triton():
 def pdl_unavailable(device: torch.device | str) -> str | None:
     """Why PDL cannot run on `device` here, or None. device: a torch.device (a rank's), or a runtime.device
     value: 'cpu', or 'auto' / 'cuda', which ask it of every visible GPU."""
+    import torch
+
     every_gpu = isinstance(device, str) and device in ("auto", "cuda")
     dev = None if every_gpu else torch.device(device)
     if dev is not None and dev.type != "cuda":

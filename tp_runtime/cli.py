@@ -21,17 +21,15 @@ import sys
 from tp_runtime.parallel.interrupt import exit_while_starting
 
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "tp-runtime":  # the command, not an import
-    exit_while_starting()  # a signal during the imports below (torch: seconds) ends it with the one line
+    exit_while_starting()  # a signal during the imports below ends it with the one line
+# No torch below: it is imported (seconds) where a command first needs it, so a config refused before that point
+# is refused at once. From there on a signal raises Interrupted (`interruptible`), imports included.
 from tp_runtime.config import ConfigError, RunConfig, check_machine, eager_steps_warning, load_config  # noqa: E402
 from tp_runtime.engine.command import interruptible, launch_command
-from tp_runtime.engine.workload import InputError, read_inputs
-from tp_runtime.memory_fit import check_memory
+from tp_runtime.engine.input_error import InputError
 from tp_runtime.parallel.launcher import check_launchable
 from tp_runtime.paths import check_output_dir, check_output_file, run_reads
-from tp_runtime.weights.checkpoint_read import validate_checkpoint
-from tp_runtime.weights.checkpoint_write import write_checkpoint
 from tp_runtime.weights.format import INDEX, CheckpointError
-from tp_runtime.weights.specs import check_fp8_shards
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +66,11 @@ def _check_startable(cfg: RunConfig, command: str) -> None:
 
 def _validate_inputs(cfg: RunConfig) -> None:
     """Refuse a bad input file, checkpoint, FP8 shard layout or output path here, before any rank computes."""
+    from tp_runtime.engine.workload import read_inputs
+    from tp_runtime.memory_fit import check_memory
+    from tp_runtime.weights.checkpoint_read import validate_checkpoint
+    from tp_runtime.weights.specs import check_fp8_shards
+
     check_machine(cfg)  # FP8 weights or caches where the ranks would start on this machine's CPU
     if cfg.runtime.weight_format == "fp8":
         try:
@@ -142,6 +145,8 @@ def _finish_check(cfg: RunConfig, rec: dict, wall_s: float) -> int:
 
 
 def _cmd_write_checkpoint(cfg: RunConfig, out_dir: str, n_files: int) -> int:
+    from tp_runtime.weights.checkpoint_write import write_checkpoint
+
     # never the folder, or a folder inside what the run reads (the config, a checkpoint the config names)
     check_output_dir(out_dir, "write-checkpoint OUT_DIR", files=(INDEX, "config.json"), keep=run_reads(cfg))
     rec = write_checkpoint(cfg, out_dir, n_files)

@@ -26,12 +26,10 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from tp_runtime.bench.entry import bench_entry, partial_log
+# No torch here: the sweep's checks, the rank entry and its memory check import it where they run, so a sweep
+# refused first (its file, keys, values, launcher) is refused at once.
 from tp_runtime.bench.report import OUTPUT_FILES, PLOT_FILES, print_tables, split_records, summary, write_jsonl
 from tp_runtime.bench.sweep_config import SweepConfig, load_sweep
-from tp_runtime.bench.sweep_memory import check_sweep_memory
 from tp_runtime.config import RunConfig
 from tp_runtime.engine.command import Usage, launch_command, rank_command
 from tp_runtime.optional_plots import write_optional_plots
@@ -40,7 +38,7 @@ from tp_runtime.paths import check_output_dir, write_text_atomic
 from tp_runtime.results_folder import ResultsFolder, results_path
 from tp_runtime.sweep_file import resolve_beside
 
-__all__ = ["bench_entry", "launch_plan", "run_bench"]
+__all__ = ["launch_plan", "run_bench"]
 
 
 def _label(variant: tuple) -> str:
@@ -143,12 +141,16 @@ def _checked_sweep(config_path: str, overrides: list[str], held: ExitStack
     plan = launch_plan(sweep)
     for cfg, _ in plan:  # the torchrun launcher; fault injection at tp = 1 (grid.parallel.tp)
         check_launchable(cfg, torchrun_module="tp_runtime.bench")
+    from tp_runtime.bench.sweep_memory import check_sweep_memory
+
     check_sweep_memory(sweep)
     return sweep, plan, _results(sweep, held)
 
 
 def _launch_all(checked: tuple[SweepConfig, list[tuple[RunConfig, dict]], ResultsFolder]) -> list[dict]:
     """One launch per tp value; the records so far written after each."""
+    from tp_runtime.bench.entry import bench_entry, partial_log
+
     sweep, plan, results = checked
     records: list[dict] = []
     write_text_atomic(partial_log(sweep.bench.output, sweep.name), "")  # a fresh, regular log for rank 0 to append to
@@ -167,11 +169,17 @@ def _finished(sweep: SweepConfig, results: ResultsFolder, config: str, overrides
 USAGE = "usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value ...]"
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints. As under the
     run's entry (engine/entry.py), SIGINT / SIGTERM end a rank at once and without a traceback; the agent
-    (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal."""
+    (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal. torch's `record` hands
+    a failing rank's traceback to torchrun's summary."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_rank_main)(argv)
+
+
+def _rank_main(argv: list[str] | None) -> int:
     args = sys.argv[1:] if argv is None else argv
     with ExitStack() as held:  # rank 0's lock on the results folder
         return rank_command(lambda: _rank_sweep(args, held), lambda checked: _run_rank(checked[0]),
@@ -186,11 +194,15 @@ def _rank_sweep(args: list[str], held: ExitStack) -> tuple[SweepConfig, ResultsF
         raise Usage(USAGE)
     world = int(os.environ["WORLD_SIZE"])
     sweep = load_sweep(args[0], args[1:] + ["parallel.launcher=torchrun", f"grid.parallel.tp=[{world}]"])
+    from tp_runtime.bench.sweep_memory import check_sweep_memory
+
     check_sweep_memory(sweep)
     return sweep, _results(sweep, held) if os.environ["RANK"] == "0" else None
 
 
 def _run_rank(sweep: SweepConfig) -> list[dict] | None:
+    from tp_runtime.bench.entry import bench_entry
+
     (cfg, bench_dict), = launch_plan(sweep)
     return bench_entry(cfg.to_dict(), bench_dict)
 

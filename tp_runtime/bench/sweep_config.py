@@ -32,12 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tp_runtime.config import ConfigError, ModelConfig, RunConfig, config_from_dict, from_mapping, set_dotted
 from tp_runtime.config_yaml import read_mapping
 from tp_runtime.sweep_file import read_sweep_file, resolve_beside
-from tp_runtime.weights.specs import check_fp8_shards
 
 # Grid value of `modes` -> (graph.mode, graph.break_scope). Eager ignores the scope (both are plain calls).
 MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
@@ -270,6 +267,10 @@ def _validate(sweep: SweepConfig, path: Path) -> None:
 def _validate_shards(sweep: SweepConfig, src: str) -> None:
     """grid.shard_of_tp: positive tp values that split every variant's heads and output groups, a shard rank
     of each, one process (parallel.tp 1), no all-reduce lanes, FP8 shards on whole blocks, a CUDA device."""
+    import torch  # here, not with the module: a sweep refused before this is refused without torch's import
+
+    from tp_runtime.weights.specs import check_fp8_shards
+
     values, b = sweep.shard_tps, sweep.bench
     bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if bad or len(set(values)) != len(values):

@@ -13,12 +13,15 @@ PDL resolution (ops/kernel_support.py) raise the same sentences as check_kernels
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from tp_runtime.capability import (device_name, kernels_refusal, machine_device, pdl_refusal, pdl_unavailable,
                                    runs_fp8_gemms, triton_unavailable)
 from tp_runtime.config.schema import RunConfig
 from tp_runtime.config_yaml import ConfigError
+
+if TYPE_CHECKING:  # the rank's device in two signatures; nothing here imports torch (capability.py asks it)
+    import torch
 
 
 def check_kernels(cfg: RunConfig) -> None:

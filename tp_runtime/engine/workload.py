@@ -19,14 +19,11 @@ from safetensors.torch import load_file, save_file
 
 from tp_runtime.config import RunConfig
 from tp_runtime.config_yaml import not_regular
+from tp_runtime.engine.input_error import InputError
 from tp_runtime.engine.input_staging import InputStaging
 from tp_runtime.executor.plan import StepPlan
 from tp_runtime.paths import atomic_output
 from tp_runtime.weights.seeded import token_rows
-
-
-class InputError(ValueError):
-    """A user input file that cannot be used; the message names the tensor and the file."""
 
 
 @dataclass(frozen=True)

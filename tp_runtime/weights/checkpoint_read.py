@@ -44,7 +44,6 @@ from tp_runtime.model.stack import AttentionStack
 from tp_runtime.parallel.group import TPGroup, single_process
 from tp_runtime.weights.finite import FiniteCheck
 from tp_runtime.weights.format import (
-    E8M0,
     FP8_DTYPE,
     INDEX,
     ITEM_BYTES,
@@ -53,7 +52,7 @@ from tp_runtime.weights.format import (
     CheckpointError,
     scale_name,
 )
-from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, n_blocks
+from tp_runtime.weights.fp8 import BLOCK, E8M0, dequantize_fp8, n_blocks
 from tp_runtime.weights.specs import TensorSpec, is_fp8_param, model_specs, place, place_fp8, scale_blocks
 
 # ---------------------------------------------------------------- loading: what to read

@@ -24,8 +24,8 @@ from tp_runtime.config import RUN_MODEL_KEYS, ModelConfig, RunConfig
 from tp_runtime.paths import OutputError, atomic_output, check_output_dir, write_text_atomic
 from tp_runtime.weights.fill import draw_full
 from tp_runtime.weights.folder_swap import carry_over, folder_swap
-from tp_runtime.weights.format import E8M0, INDEX, CheckpointError, scale_name
-from tp_runtime.weights.fp8 import BLOCK, dequantize_fp8, quantize_fp8
+from tp_runtime.weights.format import INDEX, CheckpointError, scale_name
+from tp_runtime.weights.fp8 import BLOCK, E8M0, dequantize_fp8, quantize_fp8
 from tp_runtime.weights.specs import TensorSpec, layer_specs
 
 

@@ -7,10 +7,8 @@
 
 from __future__ import annotations
 
-import torch
-
+# Names only, no torch: the command line refuses a checkpoint error without importing it (seconds).
 INDEX = "model.safetensors.index.json"
-E8M0 = getattr(torch, "float8_e8m0fnu", None)  # torch >= 2.7; without it the scale bytes are read raw
 FP8_DTYPE, SCALE_DTYPE = "F8_E4M3", "F8_E8M0"  # safetensors dtype names
 PLAIN_DTYPES = ("BF16", "F32", "F16")  # unquantized tensors (released: BF16, and F32 for ape and attn_sink)
 ITEM_BYTES = {"F8_E4M3": 1, "F8_E8M0": 1, "BF16": 2, "F16": 2, "F32": 4}

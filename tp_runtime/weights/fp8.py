@@ -11,6 +11,7 @@ from tp_runtime.ops.linear import e8m0_scales
 
 BLOCK = 128  # edge of a quantization block, rows and columns
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+E8M0 = getattr(torch, "float8_e8m0fnu", None)  # the scales' dtype, torch >= 2.7; without it their bytes are read raw
 
 
 def n_blocks(n: int) -> int:
