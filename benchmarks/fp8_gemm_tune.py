@@ -11,9 +11,8 @@ times (every call streams its weight from HBM, as in a step; the host's launch c
 median over replays (CUDA events) / copies, launched without PDL (copies of one GEMM under PDL overlap each other
 more than a step's kernels overlap a GEMM: launches chosen so measured 0.3-2 % slower in a step). Before any
 timing, the candidate launches compile in --jobs processes (Triton's on-disk cache then serves the timing
-process; compiling dominates a tune otherwise).
-Beside the table's choice each record holds the time of the GEMM on
-x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
+process; compiling dominates a tune otherwise). Beside the table's choice each record holds the time of the GEMM
+on x as given (ops/linear.py: GEMV or tile kernel) and of cuBLAS on the bf16 weight, and each time's share of the
 read bandwidth (FP8 values + scales, or the bf16 matrix, over the time, over a 1 GiB read measured here).
 The winner of each (shape, bucket) is checked against the torch twin. Writes DIR/fp8_gemm_table.json (copy it
 to tp_runtime/ops/), DIR/fp8_gemm_measured.jsonl (each winner with its reference times) and
@@ -111,18 +110,14 @@ def tune_shape(n: int, k: int, groups: int, buckets: list[int], bw: float, n_sm:
     for bucket in buckets:
         x = torch.randn(bucket, groups * k, device="cuda", generator=g).to(torch.bfloat16)
         timed = []
-
-        def time_one(c: Fp8GemmConfig) -> None:
+        for c in candidates(bucket, n, k, groups, n_sm, cublas):
             try:
-                ms = graph_ms(lambda i: fp8_gemm(x, qs[i][0], qs[i][1], groups, c), copies)
+                ms = graph_ms(lambda i, c=c: fp8_gemm(x, qs[i][0], qs[i][1], groups, c), copies)
             except Exception as e:  # noqa: BLE001 (a launch that does not fit this GPU: out of shared memory, ...)
                 log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "error": str(e)[:200]})
-                return
+                continue
             timed.append((ms, c))
             log({"N": n, "K": k, "groups": groups, "M": bucket, "config": c._asdict(), "ms": ms})
-
-        for c in candidates(bucket, n, k, groups, n_sm, cublas):
-            time_one(c)
         ms, c = min(timed, key=lambda t: t[0])
         exact = graph_ms(lambda i: linear_triton(x, qs[i][0], qs[i][1], groups), copies)
         if groups == 1:
