@@ -181,6 +181,16 @@ def test_fp8_attention_forced_splits_match(splits_len):
     assert rel_err(out, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("split_len", [64, 4096])
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_fp8_attention_value_split(split_len, ratio):
+    # FP8 rows decoded by halves (the lower half all e4m3, the upper e4m3 and bf16 rope dims), the value
+    # dims' halves in two programs, split over candidates and not
+    T, args = fp8_attention_case([(0, 700, 1), (1, 3000, 2), (2, 5, 1)], 16, ratio, torch.float32, seed=13)
+    out, ref = run_both(T, args, 16, config=AttnConfig(16, 32, 4, 1, split_len, 2))
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("n_cand", [1, 7, 64, 512])
 @pytest.mark.parametrize("pattern", ["none", "packed", "alternate", "all"])
 def test_fp8_attention_candidate_counts_and_padding(n_cand, pattern):

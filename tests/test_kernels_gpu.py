@@ -155,6 +155,19 @@ def test_attention_forced_splits_match(splits_len):
     assert rel_err(out, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("split_len", [64, 4096])
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_value_split(split_len, ratio, dtype):
+    # The value dims' halves in two programs (each scores whole rows): the torch path's rows, with the
+    # candidates split over programs (64) and in one pass (4096); 16 heads, and 64 on a GPU.
+    chunks = [(0, 700, 1), (1, 3000, 2), (2, 5, 1), (3, 127, 1)]
+    for n_heads in [16] if INTERPRET else [16, 64]:
+        T, args = attention_case(chunks, n_heads, ratio, dtype, seed=11)
+        out, ref = run_both(T, args, n_heads, config=AttnConfig(min(n_heads, 64), 32, 4, 1, split_len, 2))
+        assert rel_err(out, ref) < TOL[dtype], (n_heads, rel_err(out, ref))
+
+
 # Which of a token's n picks are valid (the rest -1), as masks over the pick positions: none, one, the
 # indexer's packing (valid first), -1 first, every other one, all. The kernel reads min(n_done, n) picks
 # and masks each -1 wherever it stands; the torch twin masks them too.

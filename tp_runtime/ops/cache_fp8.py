@@ -155,13 +155,14 @@ def bf16_bits(x):
 
 
 @jit
-def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexpr):
+def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexpr, D0=0):
     """Attention rows read in place: ptr [N] uint8 pointers to rows (8-byte aligned: row_bytes pads to 8),
-    d = arange(BLOCK_D) dims, ok [N] rows to read -> [N, BLOCK_D] in DTYPE (bf16 or fp32; zero where not ok
-    or d >= DN + DR). Exact: e4m3 values times a power of two, and bf16 rope dims, are exact in both.
+    d = D0 + arange(BLOCK_D) dims (D0 a multiple of 64: 0, or the start of a row's upper dims), ok [N] rows to
+    read -> [N, BLOCK_D] in DTYPE (bf16 or fp32; zero where not ok or d >= DN + DR). Exact: e4m3 values
+    times a power of two, and bf16 rope dims, are exact in both.
 
     The nope bytes and the rope dims load as vectors (8 bytes / 4 bf16 a load), e4m3 decodes by the
-    hardware conversion, and each row's DN / 64 scale bytes load once and are broadcast over their 64
+    hardware conversion, and each row's scale bytes of these dims load once and are broadcast over their 64
     dims; decoding straight to bf16 keeps half the registers of an fp32 tile."""
     N: tl.constexpr = ptr.shape[0]
     BLOCK_D: tl.constexpr = d.shape[0]
@@ -170,7 +171,7 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexp
     is_nope = (d < DN)[None, :]
     codes = tl.load(p + d[None, :], mask=ok[:, None] & is_nope, other=0)  # [N, BLOCK_D] uint8
     nope = codes.to(tl.float8e4nv, bitcast=True).to(DTYPE)
-    g = tl.arange(0, G)
+    g = D0 // 64 + tl.arange(0, G)  # the scale groups of these dims
     sc = tl.load(p + (DN + 2 * DR) + g[None, :], mask=ok[:, None] & (g < DN // 64)[None, :], other=127)
     scale = exp2_int(sc.to(tl.int32) - 127).to(DTYPE)  # [N, G]: 1 for groups past the nope dims
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (N, G, 64)), (N, BLOCK_D))

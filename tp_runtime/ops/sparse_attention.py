@@ -49,6 +49,46 @@ from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align,
 from tp_runtime.ops.rope import rotate_pairs
 
 
+LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one multiply folded into the scale
+
+
+@jit
+def _rows(ptr, d, ok, D0, D: tl.constexpr, DR: tl.constexpr, FP8: tl.constexpr, DTYPE: tl.constexpr):
+    """Dims d = D0 + arange(HALF) of the gathered rows at ptr [N] -> [N, HALF] in DTYPE, zero where not ok or
+    d >= D (FP8 rows: decoded in registers, exact)."""
+    if FP8:
+        r = load_rows(ptr, d, ok, D - DR, DR, DTYPE, D0)
+    else:
+        r = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+    return r
+
+
+@jit
+def _tile(q_own, q_oth, ptr, ok, v0, v1, m, den, acc_own, acc_oth, qk_scale,
+          D: tl.constexpr, DR: tl.constexpr, FP8: tl.constexpr, VSPLIT: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of BLOCK_N gathered rows into the online softmax of BLOCK_H heads (base 2).
+
+    The row's dims come as two halves: `own` (v0 + arange(HALF), the values this program accumulates) and
+    `oth` (the other half, v1 + ...). Scores are s = q_own . own + q_oth . oth: with the value dims split
+    over two programs (VSPLIT = 2) both compute the same two dots and add them (commutative: the same bits),
+    so their softmax statistics agree exactly."""
+    HALF: tl.constexpr = q_own.shape[1]
+    dt = q_own.dtype
+    r_own = _rows(ptr, v0 + tl.arange(0, HALF), ok, v0, D, DR, FP8, dt)  # [BLOCK_N, HALF]
+    r_oth = _rows(ptr, v1 + tl.arange(0, HALF), ok, v1, D, DR, FP8, dt)
+    s = (tl.dot(q_own, tl.trans(r_own), input_precision=PRECISION)
+         + tl.dot(q_oth, tl.trans(r_oth), input_precision=PRECISION)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, axis=1)
+    acc_own = tl.dot(p.to(dt), r_own, acc_own * alpha[:, None], input_precision=PRECISION)
+    if VSPLIT == 1:
+        acc_oth = tl.dot(p.to(dt), r_oth, acc_oth * alpha[:, None], input_precision=PRECISION)
+    return m_new, den, acc_own, acc_oth
+
+
 @jit
 def _sparse_attn_kernel(
     q_ptr, sq_t, sq_h,  # q [T, H, D], last dim contiguous
@@ -62,23 +102,27 @@ def _sparse_attn_kernel(
     sink_ptr,  # [H] fp32
     cis_ptr, s_cis,  # [T, DR/2, 2] fp32
     out_ptr, s_out,  # [T, H * D]
-    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D] fp32, [T, S, H, 2] fp32 (split)
-    H, C, scale, n_splits, split_len,
+    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D] fp32, [T, S, H, 2] fp32 (split; m in log2 units)
+    H, C, qk_scale, n_splits, split_len,
     W: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     HAS_COMP: tl.constexpr, HAS_PICKS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, VSPLIT: tl.constexpr,
     SPLIT: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
+    HALF: tl.constexpr = BLOCK_D // 2
     t = tl.program_id(0)
-    hb = tl.program_id(1)
+    hb = tl.program_id(1) // VSPLIT
+    v = tl.program_id(1) % VSPLIT  # which half of the value dims this program accumulates (VSPLIT = 2)
     sp = tl.program_id(2)
+    v0 = v * HALF  # first dim of the own half; the other half starts at v1
+    v1 = HALF - v0
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < D
+    dh = tl.arange(0, HALF)
     pdl_wait(PDL)
-    q = tl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + d[None, :], mask=hmask[:, None] & dmask[None, :],
-                other=0.0)  # [BLOCK_H, BLOCK_D]
+    q_row = q_ptr + t * sq_t + heads[:, None] * sq_h
+    q_own = tl.load(q_row + (v0 + dh)[None, :], mask=hmask[:, None] & ((v0 + dh) < D)[None, :], other=0.0)
+    q_oth = tl.load(q_row + (v1 + dh)[None, :], mask=hmask[:, None] & ((v1 + dh) < D)[None, :], other=0.0)
 
     total = W
     if HAS_COMP:
@@ -87,68 +131,82 @@ def _sparse_attn_kernel(
     hi = tl.minimum(lo + split_len, total)
     slot = tl.load(slot_ptr + t)
 
-    if not SPLIT:  # the sink: initial running max, denominator exp(sink - sink) = 1
-        m = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+    if not SPLIT:  # the sink: initial running max, denominator exp2(sink - sink) = 1
+        m = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
         den = tl.full([BLOCK_H], 1.0, tl.float32)
     else:  # a split's partial softmax; the combine adds the sink
         m = tl.full([BLOCK_H], -1.0e30, tl.float32)
         den = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    acc_own = tl.zeros([BLOCK_H, HALF], tl.float32)
+    acc_oth = tl.zeros([BLOCK_H, HALF], tl.float32)
 
-    for start in range(lo, hi, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)  # candidate numbers [BLOCK_N]
-        live = j < hi
-        is_win = j < W
-        wj = tl.minimum(j, W - 1)
-        wm = live & is_win
-        ins = tl.load(in_step_ptr + t * s_in + wj, mask=wm, other=0) != 0
-        srow = tl.load(step_row_ptr + t * s_sr + wj, mask=wm & ins, other=0)
-        rrow = tl.load(ring_row_ptr + t * s_rr + wj, mask=wm & (~ins), other=0)
-        ok = wm & (tl.load(valid_ptr + t * s_va + wj, mask=wm, other=0) != 0)
+    # Window rows (candidates 0 .. W-1): this step's own rows where the RingIndex says in_step, else the ring.
+    for start in range(lo, tl.minimum(hi, W), BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        live = j < tl.minimum(hi, W)
+        ins = tl.load(in_step_ptr + t * s_in + j, mask=live, other=0) != 0
+        srow = tl.load(step_row_ptr + t * s_sr + j, mask=live & ins, other=0)
+        rrow = tl.load(ring_row_ptr + t * s_rr + j, mask=live & (~ins), other=0)
+        ok = live & (tl.load(valid_ptr + t * s_va + j, mask=live, other=0) != 0)
         # every row offset is a multiple of ROW_ALIGN elements (host-checked): the row loads are vectors
         ptr = tl.where(ins, kv_ptr + tl.multiple_of(srow * skv_t, ROW_ALIGN),
                        win_ptr + tl.multiple_of(rrow * swin, ROW_ALIGN))
-        if HAS_COMP:
-            c = tl.maximum(j - W, 0)
-            cm = live & (~is_win)
+        m, den, acc_own, acc_oth = _tile(q_own, q_oth, ptr, ok, v0, v1, m, den, acc_own, acc_oth, qk_scale,
+                                         D, DR, FP8, VSPLIT, PRECISION)
+
+    # Compressed rows (candidates W .. total-1): the indexer's picks (ratio 4) or every completed entry.
+    if HAS_COMP:
+        base = comp_ptr + slot * sc_slot
+        for start in range(tl.maximum(lo, W), hi, BLOCK_N):
+            c = start - W + tl.arange(0, BLOCK_N)
+            live = c < hi - W
             if HAS_PICKS:
-                idx = tl.load(picks_ptr + t * s_pk + c, mask=cm, other=-1)
-                cok = cm & (idx >= 0)
+                idx = tl.load(picks_ptr + t * s_pk + c, mask=live, other=-1)
+                ok = live & (idx >= 0)
                 idx = tl.maximum(idx, 0)
             else:
                 idx = c.to(tl.int64)
-                cok = cm
-            ptr = tl.where(is_win, ptr, comp_ptr + tl.multiple_of(slot * sc_slot + idx * sc_row, ROW_ALIGN))
-            ok = ok | cok
-        if FP8:  # e4m3 * scale and bf16 rope bytes, dequantized in registers (exact in q's dtype)
-            rows = load_rows(ptr, d, ok, D - DR, DR, q_ptr.dtype.element_ty)  # [BLOCK_N, BLOCK_D]
-        else:
-            rows = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(rows), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_N] fp32
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        den = den * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(rows.dtype), rows, acc * alpha[:, None], input_precision=PRECISION)
-        m = m_new
+                ok = live
+            ptr = base + tl.multiple_of(idx * sc_row, ROW_ALIGN)
+            m, den, acc_own, acc_oth = _tile(q_own, q_oth, ptr, ok, v0, v1, m, den, acc_own, acc_oth, qk_scale,
+                                             D, DR, FP8, VSPLIT, PRECISION)
 
-    if not SPLIT:
-        o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
-        pdl_trigger(PDL)
-        tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=hmask[:, None] & dmask[None, :])
+    if not SPLIT:  # the upper half first: its inverse rotary reads the angles, the last load before the trigger
+        if VSPLIT == 1:
+            _finish(acc_oth, den, v1, True, cis_ptr + t * s_cis, out_ptr + t * s_out, heads, hmask, D, DR, PDL)
+            _finish(acc_own, den, v0, False, cis_ptr + t * s_cis, out_ptr + t * s_out, heads, hmask, D, DR, False)
+        else:
+            _finish(acc_own, den, v0, v == 1, cis_ptr + t * s_cis, out_ptr + t * s_out, heads, hmask, D, DR, PDL)
     else:
         pdl_trigger(PDL)
         row = (t * n_splits + sp) * H + heads  # [BLOCK_H]
-        tl.store(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hmask[:, None])
-        tl.store(part_ml_ptr + row * 2, m, mask=hmask)
-        tl.store(part_ml_ptr + row * 2 + 1, den, mask=hmask)
+        tl.store(part_o_ptr + row[:, None] * BLOCK_D + (v0 + dh)[None, :], acc_own, mask=hmask[:, None])
+        if VSPLIT == 1:
+            tl.store(part_o_ptr + row[:, None] * BLOCK_D + (v1 + dh)[None, :], acc_oth, mask=hmask[:, None])
+        first = v == 0  # both halves hold the same statistics; one writes them
+        tl.store(part_ml_ptr + row * 2, m, mask=hmask & first)
+        tl.store(part_ml_ptr + row * 2 + 1, den, mask=hmask & first)
+
+
+@jit
+def _finish(acc, den, d0, upper, cis_row, out_row, heads, hmask, D: tl.constexpr, DR: tl.constexpr,
+            PDL: tl.constexpr):
+    """o = acc / den for dims d0 + arange(HALF) of BLOCK_H heads; the upper half (which holds the last DR
+    dims: D - DR >= HALF, host-checked) gets the inverse rotary; stored in out's dtype."""
+    BLOCK_H: tl.constexpr = acc.shape[0]
+    HALF: tl.constexpr = acc.shape[1]
+    o = acc / den[:, None]
+    if upper:  # the rotary dims [D - DR, D) lie in dims [HALF, 2*HALF): as dims [D - HALF - DR, D - HALF) here
+        o = rotate_pairs(o, cis_row, BLOCK_H, HALF, D - HALF, DR, True)
+    pdl_trigger(PDL)
+    d = d0 + tl.arange(0, HALF)
+    tl.store(out_row + heads[:, None] * D + d[None, :], o.to(out_row.dtype.element_ty),
+             mask=hmask[:, None] & (d < D)[None, :])
 
 
 @jit
 def _combine_kernel(
-    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32
+    part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32 (m in log2 units)
     sink_ptr, cis_ptr, s_cis, out_ptr, s_out, H, n_splits,
     D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -157,15 +215,15 @@ def _combine_kernel(
     hmask = heads < H
     d = tl.arange(0, BLOCK_D)
     pdl_wait(PDL)
-    sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+    sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
     m = sink
     for sp in range(n_splits):
         m = tl.maximum(m, tl.load(part_ml_ptr + ((t * n_splits + sp) * H + heads) * 2, mask=hmask, other=0.0))
-    den = tl.exp(sink - m)
+    den = tl.exp2(sink - m)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for sp in range(n_splits):
         row = (t * n_splits + sp) * H + heads
-        w = tl.exp(tl.load(part_ml_ptr + row * 2, mask=hmask, other=-1.0e30) - m)
+        w = tl.exp2(tl.load(part_ml_ptr + row * 2, mask=hmask, other=-1.0e30) - m)
         den += w * tl.load(part_ml_ptr + row * 2 + 1, mask=hmask, other=0.0)
         acc += w[:, None] * tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], mask=hmask[:, None], other=0.0)
     o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
@@ -175,13 +233,14 @@ def _combine_kernel(
 
 
 class AttnConfig(NamedTuple):
-    """Launch configuration of the split kernel (fixed per shape; see `attn_config`)."""
+    """Launch configuration of the attention kernel (fixed per shape; see `attn_config`)."""
 
-    block_h: int
-    block_n: int
+    block_h: int  # heads a program (the dots' M; at least 16)
+    block_n: int  # gathered rows a tile
     num_warps: int
     num_stages: int
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
+    value_split: int = 1  # 2: the value dims' halves in two programs (each scores whole rows, keeps half the acc)
 
 
 def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False,
@@ -241,7 +300,9 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8, q.dtype == torch.float32)
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)
-    block_d = triton.next_power_of_2(D)
+    block_d = max(32, triton.next_power_of_2(D))
+    # the inverse rotary runs on the upper half of the dims alone
+    assert D - dr >= block_d // 2, f"rotary dims {dr} must lie in the upper half of {block_d}"
     assert q.stride(2) == 1 and kv.stride(1) == 1 and window.is_contiguous() and out.stride(1) == 1
     cis_r = torch.view_as_real(cis)  # [T, Dr/2, 2] fp32
     assert kv.dtype == window.dtype and (compressed is None or compressed.dtype == window.dtype)
@@ -255,14 +316,14 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     else:
         part_o = part_ml = sink  # unused
     u8 = torch.uint8
-    _sparse_attn_kernel[(T, n_hb, splits)](
+    _sparse_attn_kernel[(T, n_hb * cfg.value_split, splits)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
         ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
         ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
         comp, comp.stride(0), comp.stride(1), slot, pk, pk.stride(0), nd, sink, cis_r, cis_r.stride(0),
-        out, out.stride(0), part_o, part_ml, H, C, scale, splits, cfg.split_len,
+        out, out.stride(0), part_o, part_ml, H, C, scale * LOG2E, splits, cfg.split_len,
         W=W, D=D, DR=dr, HAS_COMP=has_comp, HAS_PICKS=picks is not None,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, SPLIT=splits > 1,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=block_d, VSPLIT=cfg.value_split, SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=fp8,
         ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
