@@ -106,6 +106,25 @@ def _order_key(score):
 
 
 @jit
+def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: tl.constexpr, CHUNK: tl.constexpr):
+    """The digit below bit HI (LO_BITS wide, or what remains) of the want-th largest listed key matching
+    prefix above HI: (prefix with it, keys still to take from those matching the longer prefix)."""
+    SHIFT: tl.constexpr = HI - LO_BITS if HI > LO_BITS else 0
+    bins = tl.arange(0, 1 << LO_BITS)
+    hist = tl.zeros([1 << LO_BITS], tl.int32)
+    for c0 in range(0, n_cand, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        m = j < n_cand
+        idx = tl.load(cand_row + j, mask=m, other=0)  # [CHUNK] listed indices
+        key = _order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
+        m = m & ((key >> HI) == (prefix >> HI))
+        hist += tl.histogram(((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32), 1 << LO_BITS, mask=m)
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
+    d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+    return prefix | (d.to(tl.int64) << SHIFT), want - tl.sum(tl.where(bins == d, above, 0), axis=0)
+
+
+@jit
 def _select_token(
     row, hist_row, cand_row, o_row,  # one token's scores [n], first-digit bins [2^HI_BITS], list [n], picks [K]
     n, K,
@@ -141,22 +160,8 @@ def _select_token(
         # The lower digits (LO_BITS each, the last one what remains) over the listed keys only.
         prefix = b.to(tl.int64) << (32 - HI_BITS)  # the K-th largest key's bits found so far
         for p in tl.static_range(LO_PASSES):
-            hi: tl.constexpr = 32 - HI_BITS - LO_BITS * p  # bits at and above `hi` are found
-            shift: tl.constexpr = hi - LO_BITS if hi > LO_BITS else 0
-            lbins = tl.arange(0, 1 << LO_BITS)
-            lhist = tl.zeros([1 << LO_BITS], tl.int32)
-            for c0 in range(0, n_cand, CHUNK):
-                j = c0 + tl.arange(0, CHUNK)
-                m = j < n_cand
-                key = _order_key(tl.load(row + tl.load(cand_row + j, mask=m, other=0), mask=m, other=0.0,
-                                         cache_modifier=".cg"))
-                m = m & ((key >> hi) == (prefix >> hi))
-                lhist += tl.histogram(((key >> shift) & ((1 << (hi - shift)) - 1)).to(tl.int32), 1 << LO_BITS,
-                                      mask=m)
-            above = tl.sum(lhist, axis=0) - tl.cumsum(lhist, axis=0)
-            d = tl.max(tl.where((above < want) & (above + lhist >= want), lbins, -1), axis=0)
-            want -= tl.sum(tl.where(lbins == d, above, 0), axis=0)
-            prefix = prefix | (d.to(tl.int64) << shift)
+            prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS,
+                                       CHUNK)
         # Listed keys above prefix are all taken; of those equal to it, the `want` of lowest index.
         eq_seen = 0
         for c0 in range(0, n_cand, CHUNK):
