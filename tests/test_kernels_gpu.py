@@ -259,13 +259,13 @@ def test_topk_exact_ties_and_counts(dtype, select):
 
 
 # Fused-select configurations: first digit of 8 / 11 / 12 bits, later digits of 8 / 10 / 5 bits (a last
-# digit narrower than the others: 20 = 2 x 8 + 4, 21 = 2 x 10 + 1; 20 = 4 x 5), 1 or 8 blocks a score program (145 or 19
-# programs a token at 9236 keys), steps of 64 scores (many steps per pass) or 1024.
+# digit narrower than the others: 20 = 2 x 8 + 4, 21 = 2 x 10 + 1; 20 = 4 x 5), 1, 3 or 8 blocks a score
+# program (145, 49 or 19 programs a token at 9236 keys), steps of 64 scores (many steps per pass) or 1024.
 FUSED_CONFIGS = [dict(), dict(hi_bits=8, lo_bits=8, blocks=8, chunk=64), dict(hi_bits=11, lo_bits=10, blocks=1),
                  dict(hi_bits=12, lo_bits=5, chunk=64, blocks=3)]
 
 
-@pytest.mark.parametrize("change", FUSED_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+@pytest.mark.parametrize("change", FUSED_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "dflt")
 def test_topk_long_context(change):
     # A 32K-context step's key counts (n_keys = 9236 = max_len / 4): 8192+ keys over many score programs a
     # token, counts around K, all valid; integer inputs (exact ties). 8 heads of 16 dims keep the

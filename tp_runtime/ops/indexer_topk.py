@@ -4,29 +4,50 @@ Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[
 
     I[t, s] = Id^-0.5 * Ih^-0.5 * sum_h w[t, h] * relu(q[t, h] . keys[slot[t], s]),   s < n[t]
 
-and the K largest, ties to the lower index, -1 where fewer than K exist. Two kernels:
+and the K largest, ties to the lower index, -1 where fewer than K exist. The select is a radix select on
+the scores' order-preserving 32-bit keys (`_order_key`): find the K-th largest key digit by digit, then take
+every key above it and, of the keys equal to it, the lowest indices. One launch (config.select "fused",
+the default), after a memset of the bins:
 
-1. `_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its
-   q and w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read
-   from device memory) is not read, and a program whose run starts there returns at once.
-2. `_select_kernel`, grid (T,): a radix select on the scores' order-preserving 32-bit keys (4 passes
-   of 8-bit histograms over the token's n[t] scores find the K-th largest key and how many keys equal
-   to it are taken), then one pass writes the chosen indices, in index order, the equal keys of lowest
-   index first. When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch.
+`_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its q and
+w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read from device
+memory) is not read, and a program whose run starts there returns at once. As it stores a block's scores,
+a program adds them into the token's bins of the first digit (the top HI_BITS = 12 bits: 4096 bins, so
+that scores of one binade still spread over 8 bins; atomics into [T, 4096] int32, spread over all of the
+token's programs, so no pass over all scores ever builds a histogram). Then it counts itself in (an
+acq_rel atomic after a barrier: its scores and bins are visible to whoever counts in after it), and the
+token's last program to count in (cdiv(n, run length) of them; run 0 always, for n = 0) selects
+(`_select_token`), while other tokens' programs still score:
+  - from the bins alone, the bin b holding the K-th largest key;
+  - one pass over the n scores: keys of higher bins go to the picks, those of bin b to a list (both in
+    index order, positions by prefix sums: deterministic);
+  - the later digits (LO_BITS = 8 each, the last what remains) by histograms over the listed keys only,
+    a bin's share of the keys (~1-2 % of 8192 random scores), or all of them when all tie;
+  - the listed keys above the K-th are taken and, of those equal to it, the lowest indices.
+When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch. The bins and the count are
+zeroed by a memset in the stream before the launch (torch.zeros: captured with the kernel, so every
+replay starts from zero).
+
+config.select "radix" keeps the two-launch form it replaced (for comparison: benchmarks/indexer_sweep.py):
+the score kernel without bins, then `_select_kernel`, grid (T,): one program per token walks its n scores
+5 times (4 passes of 8-bit histograms, contended where scores share their top bits, then a write pass).
 
 With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
 fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
 registers (exact in q's dtype).
 
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
-it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
--0.0 and +0.0 count as equal, as in torch's sort.
+it). Their order differs from the torch path's (by score there; here the keys of higher first-digit bins
+by index, then those of the threshold bin by index); the sets are the same. -0.0 and +0.0 count as equal,
+as in torch's sort.
 
-PDL (ops/kernel_support.py): both kernels wait before their first load (the token's key count, then q,
+PDL (ops/kernel_support.py): every kernel waits before its first load (the token's key count, then q,
 w and the keys: the step's metadata, the indexer's projections and the compressor's cache writes). The
-score kernel triggers after its run's last block of keys; the select kernel after its last pass over
-the scores (at once where a token has no more than K keys), so the trigger follows every load of
-another kernel's output. The select kernel's wait is what orders it after the score kernel's stores.
+score kernel triggers after its run's last block of keys (fused: before counting itself in, as no
+later load reads another kernel's output); the radix select kernel after its last pass over the scores
+(at once where a token has no more than K keys), so the trigger follows every load of another kernel's
+output. The radix select kernel's wait is what orders it after the score kernel's stores; the fused
+select reads only its own kernel's stores, ordered by the count's release and acquire.
 """
 
 from __future__ import annotations
