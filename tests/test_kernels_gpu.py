@@ -34,7 +34,7 @@ triton = pytest.importorskip("triton")
 pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
-from tp_runtime.ops.indexer_topk import indexer_topk
+from tp_runtime.ops.indexer_topk import TopkConfig, indexer_topk, topk_config
 from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink
 
 FLASH = ModelConfig()  # the released Flash dims are the defaults
@@ -235,10 +235,10 @@ def _scores(q, w, keys, slot, n_keys):
     return torch.einsum("thn,th->tn", logits, w.float()) * (q.shape[2] ** -0.5 * q.shape[1] ** -0.5)
 
 
-def check_topk(case, n_keys: int, k: int, exact: bool):
+def check_topk(case, n_keys: int, k: int, exact: bool, config: TopkConfig | None = None):
     q, w, keys, slot, nv = case
     ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k)
-    got = indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     n = torch.minimum(nv, torch.tensor(n_keys, device=DEV)).clamp(max=ref.shape[1])
     for t in range(len(nv)):
@@ -256,13 +256,53 @@ def check_topk(case, n_keys: int, k: int, exact: bool):
                 assert abs(float(sc[i] - kth)) <= 1e-5 * max(abs(float(kth)), 1e-6), (t, i)
 
 
+def _config(n_tokens: int, n_keys: int, **change) -> TopkConfig:
+    return topk_config(n_tokens, n_keys, 132)._replace(**change)
+
+
+@pytest.mark.parametrize("select", ["fused", "radix"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_topk_exact_ties_and_counts(dtype):
+def test_topk_exact_ties_and_counts(dtype, select):
     # Integer inputs: many exact ties (relu zeros, equal sums). Counts: none, fewer than K, exactly K,
-    # K + 1, block edges of the score kernel (64) and select chunks (1024), all keys valid.
+    # K + 1, block edges of the score kernel (64) and select chunks (1024), all keys valid. Both selects.
     n_keys, k = 2048, 512
     nv = [0, 1, 3, 63, 64, 65, 511, 512, 513, 1000, 1023, 1024, 1025, 2047, 2048, 5000]
-    check_topk(topk_case(nv, n_keys, dtype, seed=1, integer=True), n_keys, k, exact=True)
+    check_topk(topk_case(nv, n_keys, dtype, seed=1, integer=True), n_keys, k, exact=True,
+               config=_config(len(nv), n_keys, select=select))
+
+
+# Fused-select configurations: first digit of 8 / 11 / 12 bits, later digits of 8 / 10 / 5 bits (a last
+# digit narrower than the others: 20 = 2 x 8 + 4, 21 = 2 x 10 + 1; 20 = 4 x 5), 1, 3 or 8 blocks a score
+# program (145, 49 or 19 programs a token at 9236 keys), steps of 64 scores (many steps per pass) or 1024.
+FUSED_CONFIGS = [dict(), dict(hi_bits=8, lo_bits=8, blocks=8, chunk=64), dict(hi_bits=11, lo_bits=10, blocks=1),
+                 dict(hi_bits=12, lo_bits=5, chunk=64, blocks=3)]
+
+
+@pytest.mark.parametrize("change", FUSED_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "dflt")
+def test_topk_long_context(change):
+    # A 32K-context step's key counts (n_keys = 9236 = max_len / 4): 8192+ keys over many score programs a
+    # token, counts around K, all valid; integer inputs (exact ties). 8 heads of 16 dims keep the
+    # interpreter quick; the select sees only scores.
+    n_keys, k = 9236, 512
+    nv = [8192, 9236, 20000, 511, 512, 513, 4097, 0]
+    case = topk_case(nv, n_keys, torch.float32, seed=21, integer=True, n_heads=8, dim=16)
+    check_topk(case, n_keys, k, exact=True, config=_config(len(nv), n_keys, **change))
+
+
+@pytest.mark.parametrize("change", FUSED_CONFIGS[:2], ids=["default", "hi8"])
+def test_topk_long_context_ties_and_negative_scores(change):
+    # w = 0 over 8192 keys: one bin holds every key, the later digits walk all of them; the K lowest
+    # indices win. w <= 0: every score <= 0 (relu zeros give -0.0 and +0.0, which tie), the largest are
+    # the least negative.
+    n_keys, k = 9236, 512
+    q, w, keys, slot, nv = topk_case([8192, 9000, 600], n_keys, torch.float32, seed=22, integer=True, n_heads=8,
+                                     dim=16)
+    cfg = _config(3, n_keys, **change)
+    check_topk((q, torch.zeros_like(w), keys, slot, nv), n_keys, k, exact=True, config=cfg)
+    got = indexer_topk(q, torch.zeros_like(w), keys, slot, nv, n_keys, k, config=cfg)
+    assert all(sorted(got[t].tolist()) == list(range(k)) for t in range(3))
+    check_topk((q, -w.abs(), keys, slot, nv), n_keys, k, exact=True, config=cfg)
+    check_topk((q, -w.abs() - 1, keys, slot, nv), n_keys, k, exact=True, config=cfg)  # no w = 0 head
 
 
 def test_topk_all_scores_tie():
@@ -277,7 +317,11 @@ def test_topk_all_scores_tie():
 def test_topk_float_inputs(dtype):
     n_keys, k = 4096, 512
     nv = [4096, 3000, 1024, 600, 7, 4000]
-    check_topk(topk_case(nv, n_keys, dtype, seed=3, integer=False), n_keys, k, exact=False)
+    case = topk_case(nv, n_keys, dtype, seed=3, integer=False)
+    check_topk(case, n_keys, k, exact=False)
+    # The two selects see the same scores (the score kernel is shared): identical sets, float ties or not.
+    got = [indexer_topk(*case, n_keys, k, config=_config(len(nv), n_keys, select=s)) for s in ("fused", "radix")]
+    assert torch.equal(got[0].sort(dim=1).values, got[1].sort(dim=1).values)
 
 
 def test_topk_shapes_and_small_heads():
@@ -313,6 +357,32 @@ def test_kernels_replay_in_a_cuda_graph(ratio):
         tq = topk_case([p // 4 for _, p, _ in chunks_a], 1024, torch.bfloat16, seed=13, integer=True)
         tb = topk_case([p // 4 for _, p, _ in chunks_b], 1024, torch.bfloat16, seed=14, integer=True)
         assert_graph_replay_follows_inputs(T, a, b, tq, tb)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("select", ["fused", "radix"])
+def test_topk_replays_in_a_cuda_graph_with_new_counts(select):
+    # Captured on short contexts, replayed on long ones and back (n_valid, q, w, keys, slot copied in): each
+    # replay equals the torch path on its inputs, and replays are deterministic (the fused select's bins
+    # are zeroed inside the captured work, so a second replay starts from zero too).
+    n_keys, k, T = 9236, 512, 6
+    counts = ([0, 100, 512, 513, 1000, 9236], [8192, 9236, 511, 20000, 4097, 513], [1, 2, 3, 600, 700, 8000])
+    cases = [topk_case(nv, n_keys, torch.bfloat16, seed=30 + i, integer=True) for i, nv in enumerate(counts)]
+    live = [x.clone() for x in cases[0]]
+    cfg = _config(T, n_keys, select=select)
+    indexer_topk(*live, n_keys, k, config=cfg)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        picks = indexer_topk(*live, n_keys, k, config=cfg)
+    for case in cases[1:] + cases[:1]:
+        for dst, src in zip(live, case):
+            dst.copy_(src)
+        g.replay()
+        first = picks.clone()
+        g.replay()
+        assert torch.equal(picks, first), "replays differ"
+        ref = torch_path.indexer_topk(*case, n_keys, k)
+        assert torch.equal(picks.sort(dim=1).values, ref.sort(dim=1).values)
 
 
 def assert_graph_replay_follows_inputs(T: int, a: tuple, b: tuple, tq: tuple, tb: tuple) -> None:

@@ -4,29 +4,50 @@ Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[
 
     I[t, s] = Id^-0.5 * Ih^-0.5 * sum_h w[t, h] * relu(q[t, h] . keys[slot[t], s]),   s < n[t]
 
-and the K largest, ties to the lower index, -1 where fewer than K exist. Two kernels:
+and the K largest, ties to the lower index, -1 where fewer than K exist. The select is a radix select on
+the scores' order-preserving 32-bit keys (`_order_key`): find the K-th largest key digit by digit, then take
+every key above it and, of the keys equal to it, the lowest indices. One launch (config.select "fused",
+the default), after a memset of the bins:
 
-1. `_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its
-   q and w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read
-   from device memory) is not read, and a program whose run starts there returns at once.
-2. `_select_kernel`, grid (T,): a radix select on the scores' order-preserving 32-bit keys (4 passes
-   of 8-bit histograms over the token's n[t] scores find the K-th largest key and how many keys equal
-   to it are taken), then one pass writes the chosen indices, in index order, the equal keys of lowest
-   index first. When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch.
+`_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its q and
+w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read from device
+memory) is not read, and a program whose run starts there returns at once. As it stores a block's scores,
+a program adds them into the token's bins of the first digit (the top HI_BITS = 12 bits: 4096 bins, so
+that scores of one binade still spread over 8 bins; atomics into [T, 4096] int32, spread over all of the
+token's programs, so no pass over all scores ever builds a histogram). Then it counts itself in (an
+acq_rel atomic after a barrier: its scores and bins are visible to whoever counts in after it), and the
+token's last program to count in (cdiv(n, run length) of them; run 0 always, for n = 0) selects
+(`_select_token`), while other tokens' programs still score:
+  - from the bins alone, the bin b holding the K-th largest key;
+  - one pass over the n scores: keys of higher bins go to the picks, those of bin b to a list (both in
+    index order, positions by prefix sums: deterministic);
+  - the later digits (LO_BITS = 8 each, the last what remains) by histograms over the listed keys only,
+    a bin's share of the keys (~1-2 % of 8192 random scores), or all of them when all tie;
+  - the listed keys above the K-th are taken and, of those equal to it, the lowest indices.
+When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch. The bins and the count are
+zeroed by a memset in the stream before the launch (torch.zeros: captured with the kernel, so every
+replay starts from zero).
+
+config.select "radix" keeps the two-launch form it replaced (for comparison: benchmarks/indexer_sweep.py):
+the score kernel without bins, then `_select_kernel`, grid (T,): one program per token walks its n scores
+5 times (4 passes of 8-bit histograms, contended where scores share their top bits, then a write pass).
 
 With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
 fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
 registers (exact in q's dtype).
 
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
-it). Their order differs from the torch path's (by score there, by index here); the sets are the same.
--0.0 and +0.0 count as equal, as in torch's sort.
+it). Their order differs from the torch path's (by score there; here the keys of higher first-digit bins
+by index, then those of the threshold bin by index); the sets are the same. -0.0 and +0.0 count as equal,
+as in torch's sort.
 
-PDL (ops/kernel_support.py): both kernels wait before their first load (the token's key count, then q,
+PDL (ops/kernel_support.py): every kernel waits before its first load (the token's key count, then q,
 w and the keys: the step's metadata, the indexer's projections and the compressor's cache writes). The
-score kernel triggers after its run's last block of keys; the select kernel after its last pass over
-the scores (at once where a token has no more than K keys), so the trigger follows every load of
-another kernel's output. The select kernel's wait is what orders it after the score kernel's stores.
+score kernel triggers after its run's last block of keys (fused: before counting itself in, as no
+later load reads another kernel's output); the radix select kernel after its last pass over the scores
+(at once where a token has no more than K keys), so the trigger follows every load of another kernel's
+output. The radix select kernel's wait is what orders it after the score kernel's stores; the fused
+select reads only its own kernel's stores, ordered by the count's release and acquire.
 """
 
 from __future__ import annotations
@@ -46,14 +67,20 @@ def _score_kernel(
     k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous (FP8: uint8 [slots, N, Id + 4])
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
-    n_keys, scale,
+    hist_ptr, s_hist,  # FUSED: zeroed scratch [T, 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
+    cand_ptr, s_cand,  # FUSED: scratch [T, n_keys] int32 (indices of the first digit's threshold bin)
+    out_ptr, s_out,  # FUSED: [T, K] long
+    n_keys, K, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, PDL: tl.constexpr,
+    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    FUSED: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
-    start = tl.program_id(1) * (BLOCK_N * BLOCKS)  # this program's BLOCKS blocks of keys
+    run = tl.program_id(1)
+    start = run * (BLOCK_N * BLOCKS)  # this program's BLOCKS blocks of keys
     pdl_wait(PDL)
-    n = tl.minimum(tl.load(nv_ptr + t), n_keys)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
     if start < n:
         h = tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
@@ -72,7 +99,22 @@ def _score_kernel(
             logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
             score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
-        pdl_trigger(PDL)
+            if FUSED:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
+                digit = (_order_key(score) >> (32 - HI_BITS)).to(tl.int32)
+                tl.atomic_add(hist_ptr + t * s_hist + digit, 1, mask=km, sem="relaxed")
+        if not FUSED:
+            pdl_trigger(PDL)
+    if FUSED:
+        # The token's last program to arrive (its run's scores and bins stored before the count's release;
+        # the acquire makes every other program's visible) selects; programs past n never started, so
+        # cdiv(n, run length) arrive (run 0 always: it writes the picks of an empty token too).
+        if (start < n) | (run == 0):
+            pdl_trigger(PDL)
+            tl.debug_barrier()  # every thread's stores of this program before the release
+            arrivals = tl.maximum(tl.cdiv(n, BLOCK_N * BLOCKS), 1)
+            if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == arrivals - 1:
+                _select_token(score_ptr + t * s_score, hist_ptr + t * s_hist, cand_ptr + t * s_cand,
+                              out_ptr + t * s_out, n, K, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
 
 
 @jit
@@ -82,6 +124,79 @@ def _order_key(score):
     b = score.to(tl.int32, bitcast=True)
     b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # signed order of the floats
     return b.to(tl.int64) + 2147483647 + 1
+
+
+@jit
+def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: tl.constexpr, CHUNK: tl.constexpr):
+    """The digit below bit HI (LO_BITS wide, or what remains) of the want-th largest listed key matching
+    prefix above HI: (prefix with it, keys still to take from those matching the longer prefix)."""
+    SHIFT: tl.constexpr = HI - LO_BITS if HI > LO_BITS else 0
+    bins = tl.arange(0, 1 << LO_BITS)
+    hist = tl.zeros([1 << LO_BITS], tl.int32)
+    for c0 in range(0, n_cand, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        m = j < n_cand
+        idx = tl.load(cand_row + j, mask=m, other=0)  # [CHUNK] listed indices
+        key = _order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
+        m = m & ((key >> HI) == (prefix >> HI))
+        hist += tl.histogram(((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32), 1 << LO_BITS, mask=m)
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
+    d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+    return prefix | (d.to(tl.int64) << SHIFT), want - tl.sum(tl.where(bins == d, above, 0), axis=0)
+
+
+@jit
+def _select_token(
+    row, hist_row, cand_row, o_row,  # one token's scores [n], first-digit bins [2^HI_BITS], list [n], picks [K]
+    n, K,
+    HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """The K picks of a token whose n scores and first-digit bins are in memory (the fused select)."""
+    if n <= K:  # every valid key, then -1
+        for i0 in range(0, K, CHUNK):
+            i = i0 + tl.arange(0, CHUNK)
+            tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+    else:
+        # The first digit's bin b that holds the K-th largest key, from the bins alone.
+        bins = tl.arange(0, 1 << HI_BITS)
+        hist = tl.load(hist_row + bins, cache_modifier=".cg")  # [2^HI_BITS] (other programs' atomics: L2)
+        above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher bins
+        b = tl.max(tl.where((above < K) & (above + hist >= K), bins, -1), axis=0)
+        want = K - tl.sum(tl.where(bins == b, above, 0), axis=0)  # keys still to take from bin b
+        # One pass over the scores: keys in higher bins are taken, those in bin b listed (both in index order).
+        taken = 0
+        n_cand = 0
+        for c0 in range(0, n, CHUNK):
+            j = c0 + tl.arange(0, CHUNK)
+            m = j < n
+            key = _order_key(tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg"))
+            digit = (key >> (32 - HI_BITS)).to(tl.int32)
+            gt = (m & (digit > b)).to(tl.int32)
+            eq = (m & (digit == b)).to(tl.int32)
+            tl.store(o_row + taken + tl.cumsum(gt, axis=0) - gt, j.to(tl.int64), mask=gt != 0)
+            tl.store(cand_row + n_cand + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
+            taken += tl.sum(gt, axis=0)
+            n_cand += tl.sum(eq, axis=0)
+        tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
+        # The lower digits (LO_BITS each, the last one what remains) over the listed keys only.
+        prefix = b.to(tl.int64) << (32 - HI_BITS)  # the K-th largest key's bits found so far
+        for p in tl.static_range(LO_PASSES):
+            prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS,
+                                       CHUNK)
+        # Listed keys above prefix are all taken; of those equal to it, the `want` of lowest index.
+        eq_seen = 0
+        for c0 in range(0, n_cand, CHUNK):
+            j = c0 + tl.arange(0, CHUNK)
+            m = j < n_cand
+            idx = tl.load(cand_row + j, mask=m, other=0)
+            key = _order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
+            eq = (m & (key == prefix)).to(tl.int32)
+            eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
+            sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
+            si = sel.to(tl.int32)
+            tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, idx.to(tl.int64), mask=sel)
+            taken += tl.sum(si, axis=0)
+            eq_seen += tl.sum(eq, axis=0)
 
 
 @jit
@@ -138,26 +253,33 @@ def _select_kernel(
 
 
 class TopkConfig(NamedTuple):
-    """Launch configuration of the two kernels (fixed per shape; see `topk_config`)."""
+    """Launch configuration of the kernels (fixed per shape; see `topk_config`)."""
 
     block_n: int  # keys a block of the score kernel
     blocks: int  # blocks a score program loops over (its q and w loaded once)
     num_warps: int  # of the score kernel
-    chunk: int  # scores a step of the select kernel's passes
-    select_warps: int
+    chunk: int  # scores a step of the select's passes
+    select_warps: int  # of the separate select kernel ("radix")
+    select: str = "fused"  # "fused": the score kernel's last program of a token selects; "radix": a kernel
+    hi_bits: int = 12  # fused: width of the first digit (bins counted by the score programs)
+    lo_bits: int = 8  # fused: width of each later digit (over the first digit's threshold bin only)
+
+
+SELECTS = ("fused", "radix")
 
 
 def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
-    at least ~8 programs per SM remain (up to 8 blocks). The select kernel (one program per token) steps
-    over 2048 scores at a time with 8 warps. From the H200 sweep at Flash dims, 32K context, bf16 / FP8
-    keys, against one block a program and 1024 scores with 4 warps: batch 1 61 -> 48 / 62 -> 48 us;
-    batch 32 94 -> 74 / 107 -> 78 us; batch 128 175 -> 136 / 239 -> 158 us. At 4K (1K live keys) the
-    wider select costs ~3 us more (batch 1: 17 -> 20 us)."""
+    at least ~8 programs per SM remain (up to 8 blocks). The select is fused into the score kernel: a first
+    digit of 12 bits (4096 bins, so that scores sharing their exponent still spread over 8 bins of each
+    binade), later digits of 8 bits over the threshold bin's keys, 1024 scores a step.
+    The separate radix select ("radix", one program per token over all scores, 2048 scores a step with
+    8 warps) measured on the H200 at Flash dims, 32K context, bf16 / FP8 keys: batch 1 48 / 48 us, batch 32
+    74 / 78 us, batch 128 136 / 158 us (benchmarks/indexer_sweep.py compares both)."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    return TopkConfig(64, blocks, 4, 2048, 8)
+    return TopkConfig(64, blocks, 4, 1024, 8)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -166,8 +288,8 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
 
     q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
     n_valid [T]: token t may pick
-    s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first (index order).
-    pdl: both launches with programmatic dependent launch (resolve_pdl; bitwise the same picks).
+    s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first.
+    pdl: every launch with programmatic dependent launch (resolve_pdl; bitwise the same picks).
     The signature and meaning of `torch_path.indexer_topk` (and config, pdl).
     """
     T, ih, idim = q.shape
@@ -176,17 +298,27 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     if k == 0 or T == 0:
         return out.fill_(-1)
     assert q.stride(2) == 1 and keys.stride(2) == 1
-    scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     cfg = config or topk_config(T, n_keys, sm_count(q.device))
+    assert cfg.select in SELECTS, cfg.select
+    fused = cfg.select == "fused"
+    scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
+    if fused:  # the first digit's bins and the arrival count: zeroed in the stream, before the score kernel
+        hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
+        cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
+    else:
+        hist = cand = scores  # not read
     block_h = max(16, triton.next_power_of_2(ih))
     block_d = max(16, triton.next_power_of_2(idim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _score_kernel[(T, triton.cdiv(n_keys, cfg.block_n * cfg.blocks))](
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
-        scores, scores.stride(0), n_keys, idim ** -0.5 * ih ** -0.5,
+        scores, scores.stride(0), hist, hist.stride(0), cand, cand.stride(0), out, out.stride(0),
+        n_keys, k, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
         PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
-        PDL=pdl, num_warps=cfg.num_warps, num_stages=2, launch_pdl=pdl)
-    _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                         CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
+        FUSED=fused, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits),
+        CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps, num_stages=2, launch_pdl=pdl)
+    if not fused:
+        _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
+                             CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
     return out

@@ -1,0 +1,133 @@
+"""Time the indexer's score + top-K select (ops/indexer_topk.py) per variant, Flash dims, one decode token a sequence.
+
+    python -m benchmarks.indexer_sweep OUT_DIR [--rounds 3] [--batches 1 32 128] [--contexts 4096 32768]
+
+Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_keys), the variants of
+VARIANTS below: the separate one-program-per-token radix select ("radix"), the fused select at its default
+configuration ("fused") and a few other fused configurations. Sized from MAX_LEN (n_keys = MAX_LEN / 4 as
+the full graph runs it); each token has context / 4 live keys. Each variant is captured in a CUDA graph
+and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in
+turn, `rounds` times (interleaved, so drift hits all alike), and the median of the round medians is kept.
+Each variant's picks must equal the default's as sets (`same` in the table; the run fails otherwise).
+Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tp_runtime.bench.record_file import version_of, write_records
+from tp_runtime.config import ModelConfig
+from tp_runtime.graph_timer import graph_timing
+from tp_runtime.ops.cache_fp8 import quantize_keys
+from tp_runtime.ops.indexer_topk import TopkConfig, indexer_topk, topk_config
+
+M = ModelConfig()
+IH, ID, K = M.index_n_heads, M.index_head_dim, M.index_topk
+MAX_LEN = 36944  # the full-graph bench's runtime.max_len (32K contexts + decode room), as benchmarks/time_kernels
+N_KEYS = MAX_LEN // 4
+DT = torch.bfloat16
+# name -> changes to topk_config's choice ("fused" first: the default every other variant is checked against)
+VARIANTS = {
+    "fused": {},
+    "radix": dict(select="radix", chunk=2048),  # the separate select kernel, as measured before the fused one
+    "fused hi11": dict(hi_bits=11),
+    "fused hi8": dict(hi_bits=8),
+    "fused lo10": dict(lo_bits=10),
+    "fused chunk2048": dict(chunk=2048),
+}
+
+
+def variant_config(name: str, batch: int, n_sm: int) -> TopkConfig:
+    return topk_config(batch, N_KEYS, n_sm)._replace(**VARIANTS[name])
+
+
+def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple:
+    """q [B, Ih, Id], w [B, Ih], keys [B + 1, N_KEYS, Id] (or FP8 bytes), slot [B], n_valid [B] = ctx / 4."""
+    g = torch.Generator(device=dev).manual_seed(batch * 7 + ctx)
+    keys = torch.randn(batch + 1, N_KEYS, ID, generator=g, device=dev).to(DT)
+    q = torch.randn(batch, IH, ID, generator=g, device=dev).to(DT)
+    w = torch.randn(batch, IH, generator=g, device=dev).to(DT)
+    slot = torch.arange(batch, device=dev)
+    n_valid = torch.full((batch,), ctx // 4, dtype=torch.long, device=dev)
+    return q, w, quantize_keys(keys) if fp8 else keys, slot, n_valid
+
+
+def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int) -> list[dict]:
+    args = inputs(batch, ctx, fp8, dev)
+    cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
+    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["fused"]).sort(dim=1).values
+    rows = {}
+    for name, cfg in cfgs.items():  # compile and check outside the timing
+        got = indexer_topk(*args, N_KEYS, K, config=cfg).sort(dim=1).values
+        rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", variant=name,
+                          config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
+    for _ in range(rounds):
+        for name, cfg in cfgs.items():
+            t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c), dev, budget_ms=(5, 30),
+                             flush_l2=True)
+            rows[name]["samples_ms"].append(t.median_ms)
+    for r in rows.values():
+        r["us"] = 1e3 * statistics.median(r["samples_ms"])
+    return list(rows.values())
+
+
+def table(rows: list[dict], env: dict) -> str:
+    names = list(VARIANTS)
+    lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
+             f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
+             "| batch | ctx | keys | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
+             "|---|---|---|" + "---|" * (len(names) + 2)]
+    by_point: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by_point.setdefault((r["batch"], r["context"], r["keys"]), {})[r["variant"]] = r
+    for (b, c, kf), v in by_point.items():
+        differ = [n for n, x in v.items() if not x["same"]]
+        same = "NO: " + ", ".join(differ) if differ else "yes"
+        lines.append(f"| {b} | {c // 1024}K | {kf} | " + " | ".join(f"{v[n]['us']:.1f}" for n in names) +
+                     f" | {v['radix']['us'] / v['fused']['us']:.2f}x | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="folder of table.md and timings.jsonl")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    dev = torch.device("cuda")
+    a.out.mkdir(parents=True, exist_ok=True)
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    t0 = time.perf_counter()
+    rows = []
+    for batch in a.batches:
+        for ctx in a.contexts:
+            for fp8 in (False, True):
+                rows += point(batch, ctx, fp8, a.rounds, dev, n_sm)
+                print(f"batch {batch} ctx {ctx} {'fp8' if fp8 else 'bf16'}: "
+                      + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS):])
+                      + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    env = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
+               triton=version_of("triton"), max_len=MAX_LEN, dtype=str(DT), rounds=a.rounds, sms=n_sm)
+    write_records(a.out / "timings.jsonl", [dict(env=env, rows=rows)], settings={**vars(a), "out": str(a.out)})
+    text = table(rows, env)
+    (a.out / "table.md").write_text(text)
+    print(text)
+    bad = [r for r in rows if not r["same"]]
+    if bad:
+        raise SystemExit(f"{len(bad)} variant(s) picked other sets than the default: "
+                         + ", ".join(f"{r['variant']} b{r['batch']} {r['context']} {r['keys']}" for r in bad))
+
+
+if __name__ == "__main__":
+    main()
