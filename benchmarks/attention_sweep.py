@@ -1,6 +1,7 @@
 """Sweep the decode sparse-attention kernel's launch configurations at Flash dims (one token per sequence).
 
-    python -m benchmarks.attention_sweep OUT_DIR [--baseline FILE] [--jobs N] [--quick]
+    python -m benchmarks.attention_sweep OUT_DIR [--baseline FILE] [--jobs N] [--quick] [--cache bf16|fp8]
+                                                 [--batches B ...] [--variant H,N,VS,WARPS,STAGES ...]
 
 Per point (batch x context x compress ratio x cache format x local heads): the default configuration
 (`attn_config`), a set of variants (heads a program, rows a tile, value split, warps, stages; with and
@@ -36,13 +37,14 @@ VARIANTS = (  # (block_h, block_n, value_split, num_warps, num_stages); block_h 
 )
 
 
-def points(quick: bool) -> list[tuple[int, int, int, bool, int]]:
-    """(batch, context, ratio, fp8 rows, local heads)."""
+def points(quick: bool, cache: str | None = None, batches: list[int] | None = None
+           ) -> list[tuple[int, int, int, bool, int]]:
+    """(batch, context, ratio, fp8 rows, local heads): every point, or those of one cache format / batches."""
     out = [(b, 4096, r, f, 64) for f in (False, True) for r in (4, 128) for b in ((1, 128) if quick else
                                                                                   (1, 8, 32, 128, 256))]
     out += [(128, 4096, 4, f, h) for f in (False, True) for h in (8, 16, 32)]
     out += [(1, 4096, 4, False, 8), (128, 32768, 4, False, 64), (128, 32768, 4, True, 64)]
-    return out
+    return [p for p in out if (cache is None or p[3] == (cache == "fp8")) and (not batches or p[0] in batches)]
 
 
 def inputs(batch: int, ctx: int, ratio: int, fp8: bool, heads: int, dev: torch.device) -> tuple:
@@ -77,13 +79,13 @@ def inputs(batch: int, ctx: int, ratio: int, fp8: bool, heads: int, dev: torch.d
     return (q, rows(batch, D), rows(batch + 1, W, D), ring, comp, slot, picks, n_done, n_comp, sink, D ** -0.5, cis)
 
 
-def variants(batch: int, heads: int, n_cand: int, n_sm: int):
+def variants(batch: int, heads: int, n_cand: int, n_sm: int, table: tuple = VARIANTS):
     """AttnConfigs to try: each VARIANT without a split and, where its programs leave SMs idle, split
     to fill the SMs about once and twice."""
     from tp_runtime.ops.sparse_attention import AttnConfig
 
     seen = set()
-    for bh, bn, vs, nw, ns in VARIANTS:
+    for bh, bn, vs, nw, ns in table:
         bh = max(16, min(bh, 1 << (heads - 1).bit_length()))
         base = batch * -(-heads // bh) * vs
         lens = [-(-n_cand // bn) * bn]
@@ -114,12 +116,12 @@ def _compile(job: tuple) -> int:
         return 0
 
 
-def compile_jobs(pts: list, n_sm: int) -> list[tuple]:
+def compile_jobs(pts: list, n_sm: int, table: tuple = VARIANTS) -> list[tuple]:
     """One (point, config) per distinct compiled kernel: the configuration with or without a split, the
     ratio, the cache format, and whether the head count divides by 16 (Triton specializes on it)."""
     jobs = {}
     for p in pts:
-        for c in variants(p[0], p[4], 128 + (512 if p[2] == 4 else MAX_LEN // p[2]), n_sm):
+        for c in variants(p[0], p[4], 128 + (512 if p[2] == 4 else MAX_LEN // p[2]), n_sm, table):
             split = c.split_len < 128 + (512 if p[2] == 4 else MAX_LEN // p[2])
             # two tokens compile the same kernel as a batch does (no argument depends on the batch)
             jobs.setdefault((c._replace(split_len=0), split, p[2], p[3], p[4] % 16 == 0), ((2,) + p[1:], c))
@@ -158,13 +160,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline", type=Path, help="a file defining sparse_attention_sink, timed beside")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="batch 1 and 128 only at 64 heads")
+    ap.add_argument("--cache", choices=("bf16", "fp8"), help="points of one cache format only")
+    ap.add_argument("--batches", type=int, nargs="+", help="points of these batches only")
+    ap.add_argument("--variant", action="append", help="H,N,VS,WARPS,STAGES (repeat): replaces VARIANTS")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
-    pts = points(a.quick)
+    pts = points(a.quick, a.cache, a.batches)
+    table = tuple(tuple(int(x) for x in v.split(",")) for v in a.variant) if a.variant else VARIANTS
     t0 = time.time()
-    jobs = compile_jobs(pts, n_sm)
+    jobs = compile_jobs(pts, n_sm, table)
     with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         ran = sum(pool.map(_compile, jobs))
     print(f"compiled {ran} of {len(jobs)} kernels in {time.time() - t0:.0f} s", flush=True)
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = [timed(lambda: sparse_attention_sink(*args, out), "default", default)]
         if base is not None:
             rows.append(timed(lambda: base(*args, out), "baseline"))
-        for c in variants(batch, heads, 128 + n_comp, n_sm):
+        for c in variants(batch, heads, 128 + n_comp, n_sm, table):
             rows.append(timed(lambda c=c: sparse_attention_sink(*args, out, config=c), "variant", c))
         for r in rows:
             r.update(bytes=nbytes, flop=flop)

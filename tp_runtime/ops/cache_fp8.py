@@ -155,7 +155,7 @@ def bf16_bits(x):
 
 
 @jit
-def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexpr, D0=0):
+def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexpr, D0=0, ROPE: tl.constexpr = True):
     """Attention rows read in place: ptr [N] uint8 pointers to rows (8-byte aligned: row_bytes pads to 8),
     d = D0 + arange(BLOCK_D) dims (D0 a multiple of 64: 0, or the start of a row's upper dims), ok [N] rows to
     read -> [N, BLOCK_D] in DTYPE (bf16 or fp32; zero where not ok or d >= DN + DR). Exact: e4m3 values
@@ -163,7 +163,8 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexp
 
     The nope bytes and the rope dims load as vectors (8 bytes / 4 bf16 a load), e4m3 decodes by the
     hardware conversion, and each row's scale bytes of these dims load once and are broadcast over their 64
-    dims; decoding straight to bf16 keeps half the registers of an fp32 tile."""
+    dims; decoding straight to bf16 keeps half the registers of an fp32 tile. ROPE False: the caller knows d
+    holds no rope dim (d < DN), and their load is left out."""
     N: tl.constexpr = ptr.shape[0]
     BLOCK_D: tl.constexpr = d.shape[0]
     G: tl.constexpr = BLOCK_D // 64
@@ -175,6 +176,8 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexp
     sc = tl.load(p + (DN + 2 * DR) + g[None, :], mask=ok[:, None] & (g < DN // 64)[None, :], other=127)
     scale = exp2_int(sc.to(tl.int32) - 127).to(DTYPE)  # [N, G]: 1 for groups past the nope dims
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (N, G, 64)), (N, BLOCK_D))
+    if not ROPE:
+        return nope * scale
     rp = (ptr + DN).to(tl.pointer_type(tl.uint16))[:, None]  # bf16 rope dims at byte DN (DN % 64 == 0)
     rm = ok[:, None] & ((d >= DN) & (d < DN + DR))[None, :]
     bits = tl.load(rp + (d[None, :] - DN), mask=rm, other=0).to(tl.int32)  # fp32 = bf16 bits << 16, exact

@@ -53,11 +53,12 @@ LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one
 
 
 @jit
-def _rows(ptr, d, ok, D0, D: tl.constexpr, DR: tl.constexpr, FP8: tl.constexpr, DTYPE: tl.constexpr):
+def _rows(ptr, d, ok, D0, D: tl.constexpr, DR: tl.constexpr, FP8: tl.constexpr, DTYPE: tl.constexpr,
+          ROPE: tl.constexpr):
     """Dims d = D0 + arange(HALF) of the gathered rows at ptr [N] -> [N, HALF] in DTYPE, zero where not ok or
-    d >= D (FP8 rows: decoded in registers, exact)."""
+    d >= D (FP8 rows: decoded in registers, exact; ROPE False: d holds no rope dim, whose load is left out)."""
     if FP8:
-        r = load_rows(ptr, d, ok, D - DR, DR, DTYPE, D0)
+        r = load_rows(ptr, d, ok, D - DR, DR, DTYPE, D0, ROPE)
     else:
         r = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
     return r
@@ -74,8 +75,9 @@ def _tile(q_own, q_oth, ptr, ok, v0, v1, m, den, acc_own, acc_oth, qk_scale,
     so their softmax statistics agree exactly."""
     HALF: tl.constexpr = q_own.shape[1]
     dt = q_own.dtype
-    r_own = _rows(ptr, v0 + tl.arange(0, HALF), ok, v0, D, DR, FP8, dt)  # [BLOCK_N, HALF]
-    r_oth = _rows(ptr, v1 + tl.arange(0, HALF), ok, v1, D, DR, FP8, dt)
+    # without a value split the own half is the lower one, which holds no rope dim (D - DR >= HALF)
+    r_own = _rows(ptr, v0 + tl.arange(0, HALF), ok, v0, D, DR, FP8, dt, VSPLIT == 2)  # [BLOCK_N, HALF]
+    r_oth = _rows(ptr, v1 + tl.arange(0, HALF), ok, v1, D, DR, FP8, dt, True)
     s = (tl.dot(q_own, tl.trans(r_own), input_precision=PRECISION)
          + tl.dot(q_oth, tl.trans(r_oth), input_precision=PRECISION)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
     s = tl.where(ok[None, :], s, float("-inf"))
@@ -247,28 +249,40 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
                 fp32: bool = False) -> AttnConfig:
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
-    Programs: T x ceil(Hl / block_h) x splits. Splits are used only while T x head blocks stays under
-    the SM count, down to 64 candidates a split: a program's fixed cost (its q tile, the index loads, the
-    partials) is what decode at small batch pays, so more, shorter programs win there (16 heads, 64
-    candidates a block; 32 with FP8 rows, whose bytes, scales and decoding hold more registers). With
-    many tokens, all of a token's heads (up to 64) share one program, 32 candidates a block: each row is
-    gathered and decoded once for every head. From the H200 sweeps at Flash dims, 32K context
-    (benchmarks/time_kernels.py --sweep; bf16 / FP8 rows, ratio 4): batch 128 209 -> 159 / 434 -> 188 us
-    against 32 heads a program; batch 32 70 -> 76 / 145 -> 87 us; ratio 128 at batch 128 122 -> 94 /
-    249 -> 118 us. fp32 (the checks' dtype; tiles of twice the bytes): 32 heads a program, 32 / 64
-    candidates a block with / without FP8 rows, whose tiles fit in shared memory."""
-    few = n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm
+    Programs: T x ceil(Hl / block_h) x value_split x splits. From the H200 sweep at Flash dims, 4K context
+    (benchmarks/attention_sweep.py; results/h200-2026-12-02-attention), three regimes:
+    - few tokens (T x ceil(Hl / 16) x 8 <= SMs; decode at batch 1-4 with 64 heads): 16 heads a program,
+      candidates split 64 a program, 8 warps: the fixed cost of a program (q, index loads, partials) is what
+      these steps pay, so many short programs win (batch 1, ratio 4: 20.6 / 26.3 us bf16 / FP8 rows).
+    - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program (each gathered row
+      read and decoded once), no split (a split's combine and partial stores cost more than the idle SMs
+      of the last wave), 64-row tiles where candidates are many (ratio 4: 640) and 32 otherwise, 8 warps.
+      Batch 128, ratio 4: 81 / 136 us (the kernel this replaced: 159 / 189); ratio 128: 34 / 53 us.
+    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 3 stages, except FP8 rows with
+      many candidates (all heads a program, 8 warps: each row decoded once). Batch 32, ratio 4: 47 / 88 us.
+    The value split (value_split 2) never won at Flash dims and stays off. fp32 (the checks' dtype; tiles of
+    twice the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows."""
     wide = head_dim >= 256
-    if few or not wide:
-        block_h, block_n = 16, ((32 if fp8 else 64) if wide else 16)
+    h16 = max(16, min(64, triton.next_power_of_2(n_heads)))  # all of a token's heads (16 at least: the dot's M)
+    if not wide:
+        cfg, fill = AttnConfig(16, 16, 4, 2, 0), 1
     elif fp32:
-        block_h, block_n = (16 if n_heads <= 16 else 32), (32 if fp8 else 64)
-    else:  # every head of a token in one program: each gathered row is read (and decoded) once
-        block_h, block_n = min(64, max(16, triton.next_power_of_2(n_heads))), 32
-    base = n_tokens * triton.cdiv(n_heads, block_h)
+        cfg, fill = AttnConfig(16 if n_heads <= 16 else 32, 32 if fp8 else 64, 8, 2, 0), 1
+    elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
+        cfg, fill = AttnConfig(16, 32 if fp8 else 64, 8, 2, 0), 0
+    elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
+        return AttnConfig(h16, 64 if n_cand >= 512 and (h16 == 64 or not fp8) else 32, 8, 2,
+                          triton.cdiv(n_cand, 32) * 32)
+    elif fp8 and n_cand >= 512:
+        cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
+    else:
+        cfg, fill = AttnConfig(16, 32, 4, 3, 0), 1
+    bn = cfg.block_n
+    if fill == 0:  # as many programs as candidates allow, 64 candidates each
+        return cfg._replace(split_len=max(64, bn))
+    base = n_tokens * triton.cdiv(n_heads, cfg.block_h)
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
-    split_len = triton.cdiv(triton.cdiv(n_cand, splits), block_n) * block_n
-    return AttnConfig(block_h, block_n, 8 if wide else 4, 2, split_len)
+    return cfg._replace(split_len=triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn)
 
 
 COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
