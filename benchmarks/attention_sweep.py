@@ -148,13 +148,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-30)).max())
 
 
-def main(argv: list[str] | None = None) -> None:
-    from tp_runtime.bench.record_file import version_of, write_records
-    from tp_runtime.graph_timer import graph_timing
-    from tp_runtime.ops.cache_fp8 import row_bytes
-    from tp_runtime.ops.sparse_attention import attn_config, sparse_attention_sink
-    from tp_runtime.ops.torch_path import sparse_attention_sink as attention_torch
-
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--baseline", type=Path, help="a file defining sparse_attention_sink, timed beside")
@@ -163,7 +157,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", choices=("bf16", "fp8"), help="points of one cache format only")
     ap.add_argument("--batches", type=int, nargs="+", help="points of these batches only")
     ap.add_argument("--variant", action="append", help="H,N,VS,WARPS,STAGES (repeat): replaces VARIANTS")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tp_runtime.bench.record_file import version_of, write_records
+    from tp_runtime.graph_timer import graph_timing
+    from tp_runtime.ops.cache_fp8 import row_bytes
+    from tp_runtime.ops.sparse_attention import attn_config, sparse_attention_sink
+    from tp_runtime.ops.torch_path import sparse_attention_sink as attention_torch
+
+    a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count

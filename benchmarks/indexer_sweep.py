@@ -34,12 +34,12 @@ N_KEYS = MAX_LEN // 4
 DT = torch.bfloat16
 # name -> changes to topk_config's choice ("fused" first: the default every other variant is checked against)
 VARIANTS = {
-    "fused": {},
-    "radix": dict(select="radix", chunk=2048),  # the separate select kernel, as measured before the fused one
-    "fused hi11": dict(hi_bits=11),
-    "fused hi8": dict(hi_bits=8),
-    "fused lo10": dict(lo_bits=10),
-    "fused chunk2048": dict(chunk=2048),
+    "fused": dict(select="fused", chunk=1024),
+    "radix": dict(select="radix", chunk=2048),  # the separate select kernel
+    "fused hi11": dict(select="fused", chunk=1024, hi_bits=11),
+    "fused hi8": dict(select="fused", chunk=1024, hi_bits=8),
+    "fused lo10": dict(select="fused", chunk=1024, lo_bits=10),
+    "fused chunk2048": dict(select="fused", chunk=2048),
 }
 
 

@@ -14,10 +14,13 @@ SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem !=
 # script -> (arguments, attribute -> parsed value) of parse_args
 ARGS = {
     "allreduce": ([], {"nproc": 2, "output": "out/bench/allreduce"}),
+    "attention_sweep": (["dir", "--cache", "fp8", "--variant", "64,64,1,8,2"],
+                        {"out": Path("dir"), "cache": "fp8", "variant": ["64,64,1,8,2"]}),
     "attention_prefill_sweep": (["--tokens", "64"], {"tokens": "64", "out": "out/attention_prefill"}),
     "fp8_gemm": (["--tp", "8"], {"tp": 8, "model": "v4_flash", "sweep": False}),
     "fp8_gemm_tune": (["--tp", "1", "8", "--budget-s", "60"], {"tp": [1, 8], "budget_s": 60.0,
                                                                "models": ["v4_flash", "v4_pro"]}),
+    "indexer_sweep": (["dir", "--batches", "1"], {"out": Path("dir"), "batches": [1], "rounds": 3}),
     "gemv_bf16": (["--out", "x.jsonl", "--m", "1", "2"], {"out": "x.jsonl", "m": [1, 2], "tp": [1, 2, 4, 8]}),
     "kernels_per_layer": (["runtime.streams=1"], {"overrides": ["runtime.streams=1"], "tp": "1,8"}),
     "loop_overhead": (["--steps", "5"], {"steps": 5, "out": "out/loop_overhead"}),

@@ -6,8 +6,8 @@ Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[
 
 and the K largest, ties to the lower index, -1 where fewer than K exist. The select is a radix select on
 the scores' order-preserving 32-bit keys (`_order_key`): find the K-th largest key digit by digit, then take
-every key above it and, of the keys equal to it, the lowest indices. One launch (config.select "fused",
-the default), after a memset of the bins:
+every key above it and, of the keys equal to it, the lowest indices. Two forms (`topk_config` picks by
+the token count): config.select "fused", one launch after a memset of the bins (up to 8 tokens):
 
 `_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its q and
 w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read from device
@@ -28,7 +28,7 @@ When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch. The
 zeroed by a memset in the stream before the launch (torch.zeros: captured with the kernel, so every
 replay starts from zero).
 
-config.select "radix" keeps the two-launch form it replaced (for comparison: benchmarks/indexer_sweep.py):
+config.select "radix", two launches (more tokens; benchmarks/indexer_sweep.py times both):
 the score kernel without bins, then `_select_kernel`, grid (T,): one program per token walks its n scores
 5 times (4 passes of 8-bit histograms, contended where scores share their top bits, then a write pass).
 
@@ -271,15 +271,21 @@ SELECTS = ("fused", "radix")
 def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
-    at least ~8 programs per SM remain (up to 8 blocks). The select is fused into the score kernel: a first
-    digit of 12 bits (4096 bins, so that scores sharing their exponent still spread over 8 bins of each
-    binade), later digits of 8 bits over the threshold bin's keys, 1024 scores a step.
-    The separate radix select ("radix", one program per token over all scores, 2048 scores a step with
-    8 warps) measured on the H200 at Flash dims, 32K context, bf16 / FP8 keys: batch 1 48 / 48 us, batch 32
-    74 / 78 us, batch 128 136 / 158 us (benchmarks/indexer_sweep.py compares both)."""
+    at least ~8 programs per SM remain (up to 8 blocks).
+
+    The select: fused into the score kernel for up to 8 tokens (a first digit of 12 bits: 4096 bins, so that
+    scores sharing their exponent still spread over 8 bins of each binade; later digits of 8 bits over the
+    threshold bin's keys; 1024 scores a step); the separate radix select (one program per token over all
+    scores, 2048 scores a step with 8 warps) for more. Measured on the H200 at Flash dims, score + select
+    per layer, bf16 keys, fused / radix (benchmarks/indexer_sweep.py; results/h200-2026-12-02-attention):
+    batch 1 at 32K 38.8 / 48.1 us, at 4K 21.5 / 20.0 us; batch 32 at 32K 76.1 / 73.7 us, at 4K 31.0 / 26.3 us;
+    batch 128 at 32K 141.8 / 135.8 us. The fused select pays where one token's select is the step's tail
+    (few tokens, long contexts); with many tokens its bins' memset and atomics cost more than it saves."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    return TopkConfig(64, blocks, 4, 1024, 8)
+    if n_tokens <= 8:
+        return TopkConfig(64, blocks, 4, 1024, 8, "fused")
+    return TopkConfig(64, blocks, 4, 2048, 8, "radix")
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,

@@ -257,7 +257,8 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program (each gathered row
       read and decoded once), no split (a split's combine and partial stores cost more than the idle SMs
       of the last wave), 64-row tiles where candidates are many (ratio 4: 640) and 32 otherwise, 8 warps.
-      Batch 128, ratio 4: 81 / 136 us (the kernel this replaced: 159 / 189); ratio 128: 34 / 53 us.
+      Batch 128, ratio 4: 81 / 136 us (the kernel this replaced: 159 / 189); ratio 128: 34 / 53 us; 8 heads
+      (rank 0 of tp 8), ratio 4: 55 / 93 us.
     - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 3 stages, except FP8 rows with
       many candidates (all heads a program, 8 warps: each row decoded once). Batch 32, ratio 4: 47 / 88 us.
     The value split (value_split 2) never won at Flash dims and stays off. fp32 (the checks' dtype; tiles of
@@ -271,8 +272,7 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
         cfg, fill = AttnConfig(16, 32 if fp8 else 64, 8, 2, 0), 0
     elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
-        return AttnConfig(h16, 64 if n_cand >= 512 and (h16 == 64 or not fp8) else 32, 8, 2,
-                          triton.cdiv(n_cand, 32) * 32)
+        return AttnConfig(h16, 64 if n_cand >= 512 else 32, 8, 2, triton.cdiv(n_cand, 32) * 32)
     elif fp8 and n_cand >= 512:
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
     else:
