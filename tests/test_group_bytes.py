@@ -89,7 +89,7 @@ def test_the_kernel_bandwidth_sweep_profiles_both_cache_formats():
     from tp_runtime.bench.sweep_config import load_sweep
 
     sweep = load_sweep(CONFIGS / "bench_kernel_bandwidth.yaml")
-    assert sweep.grid["bench.batch"] == [1, 8, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
+    assert sweep.grid["bench.batch"] == [1, 8, 32, 128, 256] and sweep.grid["bench.context"] == [4096, 32768]
     assert sweep.bench.profile and sweep.bench.profile_steps > 0
     formats = [sweep.worker_config(1, sweep.variants()[0], mode).runtime.cache_format for mode in sweep.modes]
     assert formats == ["bf16", "fp8"]
