@@ -12,11 +12,14 @@ This is what `torch_path.sparse_attention_sink` computes (candidates gathered, t
 `torch_path.sparse_attention`, then `apply_rotary(inverse=True)`), without gathering candidates:
 
 - a window row comes from this step's own kv where the RingIndex says `in_step`, else from the ring
-  `window.view(-1, D)[ring_row]`; `valid` masks positions before 0;
+  `window.view(-1, D)[ring_row]`; `valid` masks positions before 0 (the window loop);
 - compressed rows come from `compressed[slot[t], idx]`; the count a token reads is min(C, n_done[t]),
-  read from device memory, so the loop stops there (picks are packed: valid picks first, then -1);
-- the online softmax runs in fp32 with the sink as the initial running max and denominator 1, so it
-  enters the denominator only;
+  read from device memory, so the loop stops there (picks are packed: valid picks first, then -1) (the
+  compressed-row loop: one address per row; bf16 rows' next tile is prefetched, FP8 codes are not);
+- each tile of BLOCK_N gathered rows feeds tensor-core dots as two halves of the head dim (s = q_lo . lo
+  + q_hi . hi, then P @ lo and P @ hi), so that a value split may give each half to its own program;
+- the online softmax runs in fp32, in base 2 (the scale carries log2(e)), with the sink as the initial
+  running max and denominator 1, so it enters the denominator only;
 - where one program per (token, block of heads) leaves the GPU mostly idle (decode at small batch),
   the candidates are split over programs (flash-decoding) and a second kernel combines the splits,
   adds the sink and applies the inverse rotary.

@@ -5,7 +5,8 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     heads             ops/rope.py              q norm + rotary, kv rotary (+ FP8 row), indexer-query rotary
     rotary            ops/rope.py              the indexer query alone (the overlapped schedule's side branch)
     compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
-    indexer_topk      ops/indexer_topk.py      scores + radix-select top-K (one launch, after a memset of its bins)
+    indexer_topk      ops/indexer_topk.py      scores + radix-select top-K (up to 8 tokens one launch after a memset
+                                               of its bins, else a score and a select launch)
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
                                                ops/fp8_gemm_table.py); x as given: ops/linear.py
