@@ -64,7 +64,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
         for bn, bk in itertools.product((16, 32), (256, 512)):
             for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (4, 8)}):
                 out.append(Fp8GemmConfig("gemv", 1, bn, s, 4, 3, True, bk))
-    for bm in ([max(16, bucket)] if bucket <= 128 else [64, 128]):
+    for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]):  # M tiles of one weight tile run together
         for bn in (64, 128):
             if (n // groups) % bn:
                 continue

@@ -114,7 +114,7 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         bn //= 2
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, c.block_m), c.splits)
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, bn), c.splits)  # a weight tile's M tiles launch together
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
     _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
                            xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
@@ -130,7 +130,9 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [split*STEPS, (split+1)*STEPS).
     # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; x's scale is per row.
     # The tile's columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
-    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # M tiles vary fastest over the grid: the programs that read one weight tile run at once, and all but the
+    # first find it in L2.
+    pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = pid_n * BLOCK_N // GROUP_N
     x_ptr += group * K
     xs_ptr += group * ((K + 127) // 128) * stride_xsk
@@ -139,9 +141,17 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
+    xs_row = xs_ptr + rm * stride_xsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    lo = split * STEPS
+    hi = tl.minimum(lo + STEPS, (K + 127) // 128)
     pdl_wait(PDL)
-    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, (K + 127) // 128)):
+    # The scales of a K block are loaded one step ahead and used as loaded (no arithmetic on them until the step
+    # that multiplies): the pipeliner stages only the dot's operands, and a plain load used in the step that
+    # issues it would stall every step for a memory latency.
+    wsb, xsc = _block_scales(s_row, xs_row, stride_xsk, lo, hi, m_ok, QUANT_X, BLOCK_M)
+    for kb in range(lo, hi):
+        wsb_next, xsc_next = _block_scales(s_row, xs_row, stride_xsk, kb + 1, hi, m_ok, QUANT_X, BLOCK_M)
         k_ok = (kb * 128 + rk) < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0)
@@ -150,13 +160,25 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
             xq, xsc = round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))
         else:
             xq = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
-        ws = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
-        acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
+        acc += tl.dot(w, tl.trans(xq)) * (xsc * tl.exp2(wsb.to(tl.float32) - 127.0))[None, :]
+        wsb, xsc = wsb_next, xsc_next
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
-    store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
+    store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * tl.num_programs(0) + pid_m, offs,
                   m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
+
+
+@jit
+def _block_scales(s_row, xs_row, stride_xsk, kb, hi, m_ok, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr):
+    # K block kb's weight scale as its e8m0 byte (a scalar: the tile's rows share one 128-row scale block) and x's
+    # row scales [BLOCK_M] (QUANT_X: zeros, the kernel rounds x itself). Past the split's last block hi - 1 (the
+    # prefetch after the last step) nothing is read.
+    wsb = tl.load(s_row + kb, mask=kb < hi, other=127)
+    if QUANT_X:
+        xsc = tl.zeros([BLOCK_M], dtype=tl.float32)
+    else:
+        xsc = tl.load(xs_row + kb * stride_xsk, mask=m_ok & (kb < hi), other=0.0)
+    return wsb, xsc
 
 
 @jit
