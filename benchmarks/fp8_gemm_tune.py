@@ -73,7 +73,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
             splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
-                    for quant in ((True,) if bucket <= 8 else (True, False) if bucket <= 32 else (False,)):
+                    for quant in ((True,) if bucket <= 8 else (True, False)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))

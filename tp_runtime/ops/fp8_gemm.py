@@ -141,17 +141,17 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
     rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
-    xs_row = xs_ptr + rm * stride_xsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     lo = split * STEPS
     hi = tl.minimum(lo + STEPS, (K + 127) // 128)
     pdl_wait(PDL)
-    # The scales of a K block are loaded one step ahead and used as loaded (no arithmetic on them until the step
-    # that multiplies): the pipeliner stages only the dot's operands, and a plain load used in the step that
-    # issues it would stall every step for a memory latency.
-    wsb, xsc = _block_scales(s_row, xs_row, stride_xsk, lo, hi, m_ok, QUANT_X, BLOCK_M)
+    # The weight scale's byte is loaded a K step ahead and used as loaded (no arithmetic on it until the step
+    # that multiplies by it): the pipeliner stages only the dot's operands, and a scalar load used in the step
+    # that issues it waits out a memory latency. x's row scales stay in their step: one step ahead they cost
+    # registers enough to drop a program per SM, measured slower at M >= 128.
+    wsb = tl.load(s_row + lo, mask=lo < hi, other=127)
     for kb in range(lo, hi):
-        wsb_next, xsc_next = _block_scales(s_row, xs_row, stride_xsk, kb + 1, hi, m_ok, QUANT_X, BLOCK_M)
+        wsb_next = tl.load(s_row + kb + 1, mask=kb + 1 < hi, other=127)
         k_ok = (kb * 128 + rk) < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0)
@@ -160,25 +160,13 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
             xq, xsc = round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))
         else:
             xq = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
         acc += tl.dot(w, tl.trans(xq)) * (xsc * tl.exp2(wsb.to(tl.float32) - 127.0))[None, :]
-        wsb, xsc = wsb_next, xsc_next
+        wsb = wsb_next
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
     store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * tl.num_programs(0) + pid_m, offs,
                   m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
-
-
-@jit
-def _block_scales(s_row, xs_row, stride_xsk, kb, hi, m_ok, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr):
-    # K block kb's weight scale as its e8m0 byte (a scalar: the tile's rows share one 128-row scale block) and x's
-    # row scales [BLOCK_M] (QUANT_X: zeros, the kernel rounds x itself). Past the split's last block hi - 1 (the
-    # prefetch after the last step) nothing is read.
-    wsb = tl.load(s_row + kb, mask=kb < hi, other=127)
-    if QUANT_X:
-        xsc = tl.zeros([BLOCK_M], dtype=tl.float32)
-    else:
-        xsc = tl.load(xs_row + kb * stride_xsk, mask=m_ok & (kb < hi), other=0.0)
-    return wsb, xsc
 
 
 @jit

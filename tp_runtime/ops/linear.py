@@ -244,41 +244,22 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
     m_ok, n_ok = rm < M, rn < N
     s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    lo = split * STEPS
-    hi = tl.minimum(lo + STEPS, tl.cdiv(K, 128))
     pdl_wait(PDL)
-    # HAS_SCALE: each step's scale byte is loaded a step ahead and used as loaded (ops/fp8_gemm.py's MMA kernel
-    # says why).
-    sb = tl.load(s_row + lo, mask=(lo < hi) & HAS_SCALE, other=127)
-    for kb in range(lo, hi):
-        sb_next = tl.load(s_row + kb + 1, mask=(kb + 1 < hi) & HAS_SCALE, other=127)
+    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, 128))):
         k_ok = (kb * 128 + rk) < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + (kb * 128 + rk)[:, None], mask=m_ok[None, :] & k_ok[:, None],
                      other=0.0)  # x^T [128, BLOCK_M]
         if HAS_SCALE:
-            sc = tl.exp2(sb.to(tl.float32) - 127.0)
+            sc = tl.exp2(tl.load(s_row + kb).to(tl.float32) - 127.0)
             acc += tl.dot(w.to(xt.dtype), xt, input_precision=PRECISION) * sc  # fp32 x: IEEE products, as torch
         else:
             acc = tl.dot(w, xt, acc, input_precision=PRECISION)
-        sb = sb_next
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
     store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_m * tl.num_programs(0) + pid_n, offs,
                   m_ok[None, :] & n_ok[:, None], split, M * N, SPLITS)
-
-
-@jit
-def _gemv_loads(w_ptr, x_ptr, s_row, rn, n_ok, kb, hi, K, stride_wn, HAS_SCALE: tl.constexpr, BLOCK_K: tl.constexpr):
-    # K step kb's weight tile [BLOCK_N, BLOCK_K], x [BLOCK_K] and scale bytes [BLOCK_K] (one per column: its
-    # 128-column block's; 127 = 1 without HAS_SCALE), as loaded; nothing is read at kb >= hi.
-    kk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = (kk < K) & (kb < hi)
-    w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    x = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
-    v = tl.load(s_row + kk // 128, mask=k_ok & HAS_SCALE, other=127)
-    return w, x, v
 
 
 @jit
@@ -293,27 +274,23 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
     pid_n, split = tl.program_id(0), tl.program_id(1)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    lo = split * STEPS
-    hi = tl.minimum(lo + STEPS, tl.cdiv(K, BLOCK_K))
-    s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     pdl_wait(PDL)
-    # Each step's loads are issued a step ahead and used as loaded in the next (nothing here is staged by the
-    # pipeliner, which stages only dot operands): two weight tiles in flight per program instead of one, and
-    # the loads of x and the scales off the weight's critical path.
-    w, x, v = _gemv_loads(w_ptr, x_ptr, s_row, rn, n_ok, lo, hi, K, stride_wn, HAS_SCALE, BLOCK_K)
-    for kb in range(lo, hi):
-        w_next, x_next, v_next = _gemv_loads(w_ptr, x_ptr, s_row, rn, n_ok, kb + 1, hi, K, stride_wn, HAS_SCALE,
-                                             BLOCK_K)
-        xf = x.to(tl.float32)
+    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
+        kk = kb * BLOCK_K + rk
+        k_ok = kk < K
+        x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
         if ROUND_X:  # [BLOCK_K] as [BLOCK_K / 128, 128] blocks, each rounded with its own scale
-            q, sx = round_block(tl.reshape(xf, (BLOCK_K // 128, 128)))
-            xf = tl.reshape(q.to(tl.float32) * sx[:, None], (BLOCK_K,))
+            q, sx = round_block(tl.reshape(x, (BLOCK_K // 128, 128)))
+            x = tl.reshape(q.to(tl.float32) * sx[:, None], (BLOCK_K,))
         if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
-            xf = xf * tl.exp2(v.to(tl.float32) - 127.0)
-        acc += w.to(tl.float32) * xf[None, :]
-        w, x, v = w_next, x_next, v_next
+            v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
+            x = x * tl.exp2(v.to(tl.float32) - 127.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        acc += w * x[None, :]
     pdl_trigger(PDL)
     store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
 
