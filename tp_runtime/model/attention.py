@@ -267,9 +267,11 @@ class DSV4Attention(nn.Module):
 
     def _wo_a(self, o: torch.Tensor) -> torch.Tensor:
         """One grouped GEMM, o [T, Hl*D] -> [T, Gl*Ro]: group g's rows [g*Ro, (g+1)*Ro) of wo_a read o's
-        columns of group g (FP8 as stored, or one strided batched GEMM: no copies of o's groups)."""
+        columns of group g (FP8 as stored, o rounded to e4m3 first where the stack rounds every FP8 GEMM's input;
+        or one strided batched GEMM: no copies of o's groups)."""
         if self.wo_a.fp8:
-            return self.backend.fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups)
+            return self.backend.fp8_linear(o, self.wo_a.qweight, self.wo_a.scale, groups=self.n_local_groups,
+                                           round_x=self.wo_a.round_x)
         return grouped_linear(o, self.wo_a.weight, self.n_local_groups)
 
 
