@@ -21,7 +21,6 @@ from tp_runtime.ops.kernel_support import jit, tl
 
 BLOCK = 128  # the FP8 format's block: 1 x 128 for activations, 128 x 128 for weights (ops/linear.py)
 AMAX_FLOOR = 1e-4  # DeepSeek's act_quant: a block whose |x| are all below it is scaled as if its max were 1e-4
-E4M3_MAX = 448.0
 
 
 def e4m3_exponents_torch(amax: torch.Tensor) -> torch.Tensor:

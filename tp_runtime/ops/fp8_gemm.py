@@ -91,13 +91,13 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     """x [M, groups*K] @ W^T by configuration c (shapes: module doc); pdl: programmatic dependent launch."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    if k % BLOCK and c.kernel != "gemv":  # blocks of x must not straddle groups: the in-loop rounding keeps each
-        c = c._replace(kernel="triton", quant_x=True)  # group's own blocks (one quantize launch would not)
     if c.kernel == "gemv":
         if m != 1:
             raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
+    if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
+        c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)

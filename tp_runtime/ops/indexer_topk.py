@@ -146,16 +146,46 @@ def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: 
 
 
 @jit
+def _take_all(o_row, n, K, CHUNK: tl.constexpr):
+    """A token with n <= K keys: every key's index in order, then -1 up to K."""
+    for i0 in range(0, K, CHUNK):
+        i = i0 + tl.arange(0, CHUNK)
+        tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+
+
+@jit
+def _take(row, cand_row, o_row, n, prefix, want, LISTED: tl.constexpr, CACHE: tl.constexpr, CHUNK: tl.constexpr):
+    """The last pass of a select: keys above prefix are all taken; of those equal to it, the `want` of lowest
+    index. Their indices are stored from o_row on, in index order. The keys: row[cand_row[:n]] (LISTED: a list
+    in index order), else row[:n]; loaded with cache modifier CACHE."""
+    taken = 0
+    eq_seen = 0
+    for c0 in range(0, n, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        m = j < n
+        if LISTED:
+            idx = tl.load(cand_row + j, mask=m, other=0)
+        else:
+            idx = j
+        key = _order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=CACHE))
+        eq = (m & (key == prefix)).to(tl.int32)
+        eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
+        sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
+        si = sel.to(tl.int32)
+        tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, idx.to(tl.int64), mask=sel)
+        taken += tl.sum(si, axis=0)
+        eq_seen += tl.sum(eq, axis=0)
+
+
+@jit
 def _select_token(
     row, hist_row, cand_row, o_row,  # one token's scores [n], first-digit bins [2^HI_BITS], list [n], picks [K]
     n, K,
     HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """The K picks of a token whose n scores and first-digit bins are in memory (the fused select)."""
-    if n <= K:  # every valid key, then -1
-        for i0 in range(0, K, CHUNK):
-            i = i0 + tl.arange(0, CHUNK)
-            tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+    if n <= K:
+        _take_all(o_row, n, K, CHUNK)
     else:
         # The first digit's bin b that holds the K-th largest key, from the bins alone.
         bins = tl.arange(0, 1 << HI_BITS)
@@ -183,20 +213,7 @@ def _select_token(
         for p in tl.static_range(LO_PASSES):
             prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS,
                                        CHUNK)
-        # Listed keys above prefix are all taken; of those equal to it, the `want` of lowest index.
-        eq_seen = 0
-        for c0 in range(0, n_cand, CHUNK):
-            j = c0 + tl.arange(0, CHUNK)
-            m = j < n_cand
-            idx = tl.load(cand_row + j, mask=m, other=0)
-            key = _order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
-            eq = (m & (key == prefix)).to(tl.int32)
-            eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
-            sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
-            si = sel.to(tl.int32)
-            tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, idx.to(tl.int64), mask=sel)
-            taken += tl.sum(si, axis=0)
-            eq_seen += tl.sum(eq, axis=0)
+        _take(row, cand_row, o_row + taken, n_cand, prefix, want, True, ".cg", CHUNK)  # over the listed keys
 
 
 @jit
@@ -212,11 +229,9 @@ def _select_kernel(
     n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
     row = score_ptr + t * s_score
     o_row = out_ptr + t * s_out
-    if n <= K:  # every valid key, then -1
+    if n <= K:
         pdl_trigger(PDL)
-        for i0 in range(0, K, CHUNK):
-            i = i0 + tl.arange(0, CHUNK)
-            tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+        _take_all(o_row, n, K, CHUNK)
     else:
         bins = tl.arange(0, 256)
         prefix = t.to(tl.int64) * 0  # the K-th largest key's bits found so far
@@ -235,20 +250,7 @@ def _select_kernel(
             b = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
             want -= tl.sum(tl.where(bins == b, above, 0), axis=0)
             prefix = prefix | (b.to(tl.int64) << shift)
-        # Keys above prefix are all taken; of the keys equal to it, the `want` of lowest index.
-        taken = 0
-        eq_seen = 0
-        for c0 in range(0, n, CHUNK):
-            j = c0 + tl.arange(0, CHUNK)
-            m = j < n
-            key = _order_key(tl.load(row + j, mask=m, other=0.0))
-            eq = (m & (key == prefix)).to(tl.int32)
-            eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
-            sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
-            si = sel.to(tl.int32)
-            tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, j.to(tl.int64), mask=sel)
-            taken += tl.sum(si, axis=0)
-            eq_seen += tl.sum(eq, axis=0)
+        _take(row, row, o_row, n, prefix, want, False, "", CHUNK)  # over every key (row: no list)
         pdl_trigger(PDL)
 
 

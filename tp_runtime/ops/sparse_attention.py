@@ -53,6 +53,7 @@ from tp_runtime.ops.rope import rotate_pairs
 
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one multiply folded into the scale
+_LOG2E = tl.constexpr(LOG2E) if tl is not None else LOG2E  # the kernels' copy (a Triton global is a constexpr)
 
 
 @jit
@@ -137,7 +138,7 @@ def _sparse_attn_kernel(
     slot = tl.load(slot_ptr + t)
 
     if not SPLIT:  # the sink: initial running max, denominator exp2(sink - sink) = 1
-        m = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+        m = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
         den = tl.full([BLOCK_H], 1.0, tl.float32)
     else:  # a split's partial softmax; the combine adds the sink
         m = tl.full([BLOCK_H], -1.0e30, tl.float32)
@@ -220,7 +221,7 @@ def _combine_kernel(
     hmask = heads < H
     d = tl.arange(0, BLOCK_D)
     pdl_wait(PDL)
-    sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * 1.4426950408889634
+    sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
     m = sink
     for sp in range(n_splits):
         m = tl.maximum(m, tl.load(part_ml_ptr + ((t * n_splits + sp) * H + heads) * 2, mask=hmask, other=0.0))
