@@ -26,13 +26,14 @@ from tp_runtime.serving.arrivals import (Arrival, ClosedLoop, OpenLoop, ServeReq
 from tp_runtime.serving.config import load_serve
 from tp_runtime.serving.entry import round_order
 from tp_runtime.serving.source import Setting, run_setting
-from tp_runtime.serving.metrics import RequestTrace, over_rounds, setting_metrics
+from tp_runtime.serving.metrics import Goodput, RequestTrace, over_rounds, setting_metrics
 
 SERVE_TINY = "configs/serve_tiny.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A short run of serve_tiny: one closed-loop concurrency, one Poisson rate, two modes, two rounds.
 SHORT = ["grid.modes=[breakable-narrow,full_and_breakable]", "grid.concurrency=[2]", "grid.rate=[40.0]",
-         "serve.requests=6", "serve.repeats=2", "serve.warmup_requests=1"]
+         "serve.requests=6", "serve.repeats=2", "serve.warmup_requests=1", "serve.warmup_per_client=1",
+         "serve.goodput={ttft_ms: 1.0e9, e2el_ms: 1.0e9}"]
 
 
 # ------------------------------------------------------------------ arrivals
@@ -153,6 +154,23 @@ def test_metrics_from_hand_made_timestamps():
     assert m["e2el_ms_p50"] == pytest.approx(200.0)  # 250 and 150 ms
     empty = setting_metrics([c])
     assert empty["completed"] == 0 and empty["ttft_ms_p50"] is None and empty["output_throughput"] is None
+    assert m["goodput"] is None and empty["output_throughput_per_user"] is None  # no limits given; no TPOT
+
+
+def test_goodput_and_throughput_per_gpu_and_user():
+    # TTFT 100 / 150 / 50 ms, TPOT 75 / none (one token) / 20 ms, E2EL 250 / 150 / 70 ms; duration 0.25 s.
+    a = RequestTrace(0, prompt_len=10, output_len=3, arrival_s=0.0, token_s=[0.1, 0.15, 0.25])
+    b = RequestTrace(1, prompt_len=6, output_len=1, arrival_s=0.05, token_s=[0.2])
+    c = RequestTrace(2, prompt_len=4, output_len=2, arrival_s=0.1, token_s=[0.15, 0.17])
+    good = {(("ttft_ms", 120.0),): 2, (("tpot_ms", 50.0),): 2,  # b has no TPOT: within any TPOT limit
+            (("ttft_ms", 120.0), ("tpot_ms", 50.0)): 1, (("e2el_ms", 160.0),): 2, (("e2el_ms", 140.0),): 1,
+            (("ttft_ms", 200.0), ("tpot_ms", 80.0), ("e2el_ms", 300.0)): 3}
+    for limits, n in good.items():
+        m = setting_metrics([a, b, c], Goodput(**dict(limits)), gpus=4)
+        assert m["good_requests"] == n and m["goodput"] == pytest.approx(n / 0.25), limits
+    assert m["output_throughput_per_gpu"] == pytest.approx(m["output_throughput"] / 4) == pytest.approx(6.0)
+    assert m["tpot_ms_p50"] == pytest.approx(47.5)  # of 75 and 20 ms
+    assert m["output_throughput_per_user"] == pytest.approx(1e3 / 47.5)
 
 
 def test_over_rounds_medians_and_spread():
@@ -230,6 +248,11 @@ def test_tiny_run_records_and_outputs(tp1_run):
             p50, p90, p99 = (s[f"{name}_ms_p{p}"] for p in (50, 90, 99))
             assert s[f"{name}_ms_mean"] > 0 and 0 < p50 <= p90 <= p99, (name, s)
         assert s["output_throughput"] > 0 and s["duration_s"] > 0
+        # One client-round of untimed requests before each concurrency setting; the loose limits pass everyone.
+        assert s["warmup_requests"] == (2 if s["load"] == "concurrency" else 0)
+        assert s["goodput_limits_ms"] == {"ttft": 1.0e9, "e2el": 1.0e9} and s["good_requests"] == 6
+        assert s["goodput"] == pytest.approx(s["request_throughput"])
+        assert s["output_throughput_per_gpu"] == pytest.approx(s["output_throughput"])  # tp 1: one rank
         lo, hi = s["spread"]["output_throughput"]
         assert lo <= s["output_throughput"] <= hi and len(s["per_round"]["output_throughput"]) == 2
         assert s["max_running"] <= (2 if s["load"] == "concurrency" else 4)  # clients, or runtime.max_seqs
@@ -238,6 +261,7 @@ def test_tiny_run_records_and_outputs(tp1_run):
     for rec in rounds:  # throughputs are the counts over the duration, as measured
         m = rec["metrics"]
         assert m["output_throughput"] == pytest.approx(m["output_tokens"] / m["duration_s"])
+        assert m["output_throughput_per_user"] == pytest.approx(1e3 / m["tpot_ms_p50"])  # a round's own TPOT
         assert m["ttft_ms_p50"] <= m["e2el_ms_p50"]
     # Round 2 runs the modes of each load in the other order.
     by_round = [[x["mode"] for x in rounds if x["round"] == k] for k in (0, 1)]
@@ -298,6 +322,11 @@ def _refused(capsys, tmp_path, *words: str) -> str:
     ("serve.prompt_len={dist: normal, mean: 10, std: 2, maxx: 20}", ["unknown key 'serve.prompt_len.maxx'"]),
     ("grid.modes=[full@fp8]", ["grid 'modes' holds ['full@fp8']"]),
     ("serve.repeats=0", ["'serve.repeats' must be >= 1"]),
+    ("serve.warmup_per_client=-1", ["'serve.warmup_per_client' must be >= 0"]),
+    ("serve.goodput={}", ["'serve.goodput' needs at least one of ttft_ms, tpot_ms, e2el_ms"]),
+    ("serve.goodput={ttft_ms: 0}", ["'serve.goodput.ttft_ms' must be a finite number of ms > 0"]),
+    ("serve.goodput={tpot_ms: .inf}", ["'serve.goodput.tpot_ms' must be a finite number of ms > 0"]),
+    ("serve.goodput={ttft: 10}", ["unknown key 'serve.goodput.ttft'"]),
     ("parallel.launcher=torchrun", ["parallel.launcher=torchrun", "-m tp_runtime.serving"]),
 ])
 def test_bad_settings_are_refused(capsys, tmp_path, word, needles):
@@ -337,3 +366,15 @@ def test_refusal_through_the_command_line():
     """As a user runs it: one `error:` line, exit 2, no traceback, no process left behind."""
     r = run_cli(["serve-bench", SERVE_TINY, "grid.rate=[0.0]"], timeout_s=60)
     assert_refused(r, "grid 'rate' holds 0.0")
+
+
+def test_dsv4_protocol_config():
+    # configs/serve_flash_8k1k.yaml: prompts of 8,192 tokens, 1,024 output tokens, concurrency 1 to 64, a warm-up
+    # of twice the concurrency before each, goodput limits; 9,216 positions fit runtime.max_len.
+    sc = load_serve("configs/serve_flash_8k1k.yaml")
+    assert sc.prompt.describe() == {"dist": "fixed", "min": 8192, "max": 8192}
+    assert sc.output.describe() == {"dist": "fixed", "min": 1024, "max": 1024}
+    assert [int(load.value) for load in sc.loads] == [1, 2, 4, 8, 16, 32, 64]
+    assert [sc.serve.warmup_for(load) for load in sc.loads] == [2, 4, 8, 16, 32, 64, 128]
+    assert sc.serve.goodput.limits() == {"ttft": 10000.0, "tpot": 50.0}
+    assert sc.worker_config(sc.modes[0]).runtime.max_len >= 8192 + 1024

@@ -13,6 +13,8 @@
       output_len: 8
       dataset: null                       # JSONL, one {"prompt_len": P, "output_len": O} a line (replaces the two)
       repeats: 3
+      warmup_per_client: 2                # before each concurrency setting: an untimed run of 2 x N requests
+      goodput: {ttft_ms: 2000, tpot_ms: 50}   # limits a request must meet to count toward goodput
       output: out/serve
 
 Command-line words `serve.*`, `grid.<key>` and `name` change the benchmark; other dotted keys change the base.
@@ -33,6 +35,7 @@ from tp_runtime.memory_model import rank_memory
 from tp_runtime.sweep_file import read_sweep_file
 from tp_runtime.serving.arrivals import (LengthSpec, ServeRequest, dataset_requests, draw_requests, parse_length,
                                          read_dataset)
+from tp_runtime.serving.metrics import Goodput
 
 GRID_KEYS = ("concurrency", "rate", "modes")
 DEFAULT_MODES = ["breakable-wide", "breakable-hoisted", "breakable-narrow", "full_and_breakable"]
@@ -47,9 +50,19 @@ class ServeSettings:
     seed: int = 0  # lengths, dataset order, arrival gaps and the input hidden states
     repeats: int = 3  # rounds: every setting once per round, modes in a rotated order
     warmup_requests: int = 4  # per mode, one untimed closed-loop run before the rounds (0: none)
+    warmup_per_client: int = 0  # before each concurrency-N setting, an untimed run of this x N requests (0: none)
+    goodput: Goodput | None = None  # limits (ms) for goodput (None: not reported)
     in_flight: int = 2  # steps queued on the device at most: step k waits for step k - in_flight to end
     output: str = "out/serve"  # results go to <output>/<name>/
     plots: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.goodput, dict):  # from a plan (asdict) on a rank
+            self.goodput = Goodput(**self.goodput)
+
+    def warmup_for(self, load: Load) -> int:
+        """Untimed requests run just before a setting of this load (closed loop only)."""
+        return self.warmup_per_client * int(load.value) if load.kind == "concurrency" else 0
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,8 @@ class ServeConfig:
 
     def requests(self) -> list[ServeRequest]:
         """The request list every setting takes a prefix of (ids 0..n-1, the same for every setting and round)."""
-        n = max([self.requests_for(load) for load in self.loads] + [self.serve.warmup_requests])
+        n = max([max(self.requests_for(load), self.serve.warmup_for(load)) for load in self.loads]
+                + [self.serve.warmup_requests])
         if self.rows is not None:
             return dataset_requests(self.rows, n, self.serve.seed)
         return draw_requests(self.prompt, self.output, n, self.serve.seed)
@@ -98,8 +112,8 @@ class ServeConfig:
         """What every rank is given (picklable): Worker configs per mode, the settings, the request list."""
         return {"name": self.name, "serve": asdict(self.serve), "workers": {m: self.worker_config(m).to_dict()
                                                                              for m in self.modes},
-                "settings": [{"mode": m, "load": load.kind, "value": load.value, "requests": self.requests_for(load)}
-                             for load in self.loads for m in self.modes],
+                "settings": [{"mode": m, "load": load.kind, "value": load.value, "requests": self.requests_for(load),
+                              "warmup": self.serve.warmup_for(load)} for load in self.loads for m in self.modes],
                 "requests": [[r.prompt_len, r.output_len] for r in self.requests()], "lengths": self.lengths}
 
 
@@ -150,9 +164,16 @@ def _validated(name: str, base: dict, grid: dict, raw: dict, src: str) -> ServeC
 
 def _check_settings(s: ServeSettings, src: str) -> None:
     for key, least in (("requests", 1), ("repeats", 1), ("in_flight", 1), ("requests_per_client", 0),
-                       ("warmup_requests", 0)):
+                       ("warmup_requests", 0), ("warmup_per_client", 0)):
         if getattr(s, key) < least:
             raise ConfigError(f"{src}: 'serve.{key}' must be >= {least}, got {getattr(s, key)}")
+    if s.goodput is None:
+        return
+    if not s.goodput.limits():
+        raise ConfigError(f"{src}: 'serve.goodput' needs at least one of ttft_ms, tpot_ms, e2el_ms")
+    for key, v in s.goodput.limits().items():
+        if not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"{src}: 'serve.goodput.{key}_ms' must be a finite number of ms > 0, got {v!r}")
 
 
 def _loads(grid: dict, cfg: RunConfig, src: str) -> list[Load]:

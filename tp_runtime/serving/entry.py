@@ -7,6 +7,7 @@ Every rank joins the group, builds one Worker per graph mode on one shared Model
 the first Worker builds it), runs a short untimed closed-loop warm-up per mode, then `repeats` rounds: each round
 runs every (mode, load) setting once, loads in grid order and the modes of each load in an order rotated by the
 round's index, so every mode runs first, second, ... equally often and the modes of one load run back to back.
+A concurrency-N setting is preceded by an untimed run of serve.warmup_per_client x N requests at N clients.
 A peer that stops answering is named and ended as under `run` (parallel/peer_watch.py).
 """
 
@@ -59,6 +60,9 @@ def _run_rounds(plan: dict, s: ServeSettings, workers: dict[str, Worker], rank0:
         w = workers[setting["mode"]]
         bar.set_postfix_str(f"round {r + 1}/{s.repeats} {setting['mode']} "
                             f"{Load(setting['load'], setting['value']).label}")
+        if setting["warmup"]:  # untimed, at the setting's own concurrency
+            run_setting(w, w.tp, Setting(requests[:setting["warmup"]], concurrency=int(setting["value"])), inputs,
+                        s.in_flight)
         arrive = _arrivals(setting, requests, s.seed)
         res = run_setting(w, w.tp, arrive if rank0 else None, inputs, s.in_flight)
         if res is not None:
@@ -115,8 +119,10 @@ def _record(plan: dict, s: ServeSettings, w: Worker, setting: dict, r: int, pos:
             "dtype": str(w.dtype).removeprefix("torch."), "kernels": w.stack.kernels, "timer": timer_name(w.device),
             "in_flight": s.in_flight, "seed": s.seed, "graph_captured": bool(w.graph_sets),
             "capture_sizes": sorted(cfg.graph.capture_sizes, reverse=True), **plan.get("lengths", {}),
+            "warmup_requests": setting["warmup"], "goodput_limits_ms": s.goodput.limits() if s.goodput else None,
             "request_digest": _digest(arrive), "order_digest": res.order_digest, "order_head": res.order[:16],
-            "metrics": setting_metrics(res.traces), "steps": res.steps, "decode_steps": res.decode_steps,
+            "metrics": setting_metrics(res.traces, s.goodput, w.tp.size), "steps": res.steps,
+            "decode_steps": res.decode_steps,
             "decode_eager_steps": res.decode_eager_steps, "steps_by_path": res.steps_by_path,
             "max_running": res.max_running, "idle_waits": res.idle_waits, "outputs_finite": res.outputs_finite,
             "wall_s": res.wall_s}

@@ -8,7 +8,13 @@ benchmark"). Per request of N output tokens at times t_1 <= ... <= t_N that arri
     ITL  = every gap t_{i+1} - t_i, pooled over the requests
 
 Percentiles are numpy's (linear interpolation between order statistics), reported in ms with the mean. The
-duration runs from the setting's start to its last token; throughputs divide by it.
+duration runs from the setting's start to its last token; throughputs divide by it. Beside them, as the field
+reports a serving point:
+
+    goodput                     requests meeting every limit of `Goodput` / duration (vLLM's `bench serve
+                                --goodput`: a request of one output token has no TPOT and meets a TPOT limit)
+    output_throughput_per_gpu   output tokens/s over the run's GPUs (one per rank)
+    output_throughput_per_user  1000 / TPOT p50 in ms: the tokens/s a user sees once the first has come
 """
 
 from __future__ import annotations
@@ -21,7 +27,21 @@ import numpy as np
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 # Per-setting fields whose spread over rounds (min, max) the reports carry.
-SPREAD_KEYS = ("request_throughput", "output_throughput", "ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "duration_s")
+SPREAD_KEYS = ("request_throughput", "output_throughput", "goodput", "output_throughput_per_user", "ttft_ms_p50",
+               "tpot_ms_p50", "itl_ms_p50", "duration_s")
+
+
+@dataclass
+class Goodput:
+    """The limits (ms) a request must meet to count toward goodput; a limit left None is not checked."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
+                if v is not None}
 
 
 @dataclass
@@ -47,8 +67,16 @@ def latency_stats(name: str, values_s: list[float]) -> dict[str, float | None]:
     return out
 
 
-def setting_metrics(traces: list[RequestTrace]) -> dict:
-    """Latency percentiles over the completed requests, throughput over the setting's duration."""
+def _meets(t: RequestTrace, limits: dict[str, float]) -> bool:
+    """A completed request within every limit (ms)."""
+    tpot = (t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) if t.output_len > 1 else 0.0
+    got = {"ttft": t.token_s[0] - t.arrival_s, "tpot": tpot, "e2el": t.token_s[-1] - t.arrival_s}
+    return all(got[k] * 1e3 <= v for k, v in limits.items())
+
+
+def setting_metrics(traces: list[RequestTrace], goodput: Goodput | None = None, gpus: int = 1) -> dict:
+    """Latency percentiles over the completed requests, throughput over the setting's duration; goodput (None
+    without limits) and the throughputs per GPU (gpus: the run's) and per user (module doc)."""
     done = [t for t in traces if t.complete]
     ttft = [t.token_s[0] - t.arrival_s for t in done]
     tpot = [(t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) for t in done if t.output_len > 1]
@@ -63,6 +91,11 @@ def setting_metrics(traces: list[RequestTrace]) -> dict:
            "output_throughput": rate(out_tokens), "total_token_throughput": rate(out_tokens + prompt_tokens)}
     for name, values in zip(LATENCIES, (ttft, tpot, itl, e2el)):
         out.update(latency_stats(name, values))
+    good = sum(_meets(t, goodput.limits()) for t in done) if goodput is not None else None
+    out["good_requests"], out["goodput"] = good, None if good is None else rate(good)
+    out["output_throughput_per_gpu"] = None if out["output_throughput"] is None else out["output_throughput"] / gpus
+    p50 = out["tpot_ms_p50"]
+    out["output_throughput_per_user"] = 1e3 / p50 if p50 else None
     return out
 
 

@@ -25,8 +25,8 @@ OUTPUT_FILES = ("settings.jsonl", "rounds.jsonl", "summary.json", *PLOT_FILES)
 # Fields that say what a setting is and how it ran; equal in every round, copied from the first.
 SETTING_FIELDS = ("name", "mode", "graph_mode", "break_scope", "load", "concurrency", "rate", "label", "tp",
                   "launcher", "device", "dtype", "kernels", "timer", "in_flight", "seed", "graph_captured",
-                  "capture_sizes", "request_digest", "order_digest", "prompt_len", "output_len", "dataset",
-                  "dataset_requests")
+                  "capture_sizes", "warmup_requests", "goodput_limits_ms", "request_digest", "order_digest",
+                  "prompt_len", "output_len", "dataset", "dataset_requests")
 
 
 def settings_records(rounds: list[dict]) -> list[dict]:
@@ -94,8 +94,10 @@ def _rate(v) -> str:
 
 
 def table(settings: list[dict]) -> str:
-    """One row per setting: throughput and latency percentiles (medians over rounds) and the throughput spread."""
-    head = (f"{'mode':20s} {'load':>12s} {'req':>5s} {'req/s':>7s} {'out tok/s':>10s} {'(min-max)':>15s} "
+    """One row per setting: throughput (all, per GPU, per user), goodput, latency percentiles (medians over rounds)
+    and the throughput spread."""
+    head = (f"{'mode':20s} {'load':>12s} {'req':>5s} {'req/s':>7s} {'good/s':>7s} {'out tok/s':>10s} "
+            f"{'(min-max)':>15s} {'/GPU':>8s} {'/user':>7s} "
             f"{'TTFT p50':>9s} {'p90':>8s} {'p99':>8s} {'TPOT p50':>9s} {'p90':>8s} {'p99':>8s} "
             f"{'ITL p50':>8s} {'p99':>8s}  (ms)")
     rows = [head, "-" * len(head)]
@@ -103,7 +105,8 @@ def table(settings: list[dict]) -> str:
         lo_hi = s["spread"]["output_throughput"]
         spread = f"({_rate(lo_hi[0])}-{_rate(lo_hi[1])})" if lo_hi else "-"
         rows.append(f"{s['mode']:20s} {s['label']:>12s} {int(s['completed']):>5d} {_rate(s['request_throughput']):>7s} "
-                    f"{_rate(s['output_throughput']):>10s} {spread:>15s} "
+                    f"{_rate(s.get('goodput')):>7s} {_rate(s['output_throughput']):>10s} {spread:>15s} "
+                    f"{_rate(s.get('output_throughput_per_gpu')):>8s} {_rate(s.get('output_throughput_per_user')):>7s} "
                     + " ".join(f"{_ms(s[f'{m}_ms_p{p}']):>{9 if p == 50 and m != 'itl' else 8}s}"
                                for m in ("ttft", "tpot") for p in (50, 90, 99))
                     + f" {_ms(s['itl_ms_p50']):>8s} {_ms(s['itl_ms_p99']):>8s}")
