@@ -378,3 +378,12 @@ def test_dsv4_protocol_config():
     assert [sc.serve.warmup_for(load) for load in sc.loads] == [2, 4, 8, 16, 32, 64, 128]
     assert sc.serve.goodput.limits() == {"ttft": 10000.0, "tpot": 50.0}
     assert sc.worker_config(sc.modes[0]).runtime.max_len >= 8192 + 1024
+
+
+def test_dotted_words_set_one_key_of_a_serve_mapping():
+    sc = load_serve("configs/serve_flash_8k1k.yaml", ["serve.goodput.ttft_ms=500", "serve.goodput.e2el_ms=9000"])
+    assert sc.serve.goodput.limits() == {"ttft": 500.0, "tpot": 50.0, "e2el": 9000.0}
+    sc = load_serve(SERVE_TINY, ["serve.prompt_len.max=30"])
+    assert sc.prompt.describe() == {"dist": "uniform", "min": 8, "max": 30}
+    with pytest.raises(ConfigError, match="'serve.output_len.max' descends into 'output_len', which is not a section"):
+        load_serve("configs/serve_flash_8k1k.yaml", ["serve.output_len.max=30"])

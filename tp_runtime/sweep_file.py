@@ -61,8 +61,8 @@ def _apply(f: SweepFile, word: str, own_key: str) -> None:
         f.name = _name(value)
     elif key.startswith("grid."):
         f.grid[key[5:]] = value
-    elif key.startswith(own_key + "."):
-        f.own[key[len(own_key) + 1:]] = value
+    elif key.startswith(own_key + "."):  # dotted below it too: serve.goodput.ttft_ms=500 sets one limit
+        set_dotted({own_key: f.own}, key, value, where)
     elif key.split(".")[0] in RUN_SECTIONS:
         set_dotted(f.base, key, value, where)
     else:
