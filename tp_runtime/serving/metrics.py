@@ -67,21 +67,25 @@ def latency_stats(name: str, values_s: list[float]) -> dict[str, float | None]:
     return out
 
 
-def _meets(t: RequestTrace, limits: dict[str, float]) -> bool:
-    """A completed request within every limit (ms)."""
-    tpot = (t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) if t.output_len > 1 else 0.0
-    got = {"ttft": t.token_s[0] - t.arrival_s, "tpot": tpot, "e2el": t.token_s[-1] - t.arrival_s}
-    return all(got[k] * 1e3 <= v for k, v in limits.items())
+def _request_latencies(t: RequestTrace) -> dict[str, float | None]:
+    """A completed request's TTFT, TPOT (None with one output token) and E2EL, in seconds (module doc)."""
+    tpot = (t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) if t.output_len > 1 else None
+    return {"ttft": t.token_s[0] - t.arrival_s, "tpot": tpot, "e2el": t.token_s[-1] - t.arrival_s}
+
+
+def _meets(lat: dict[str, float | None], limits: dict[str, float]) -> bool:
+    """Latencies (s) within every limit (ms); no TPOT meets a TPOT limit."""
+    return all(lat[k] is None or lat[k] * 1e3 <= v for k, v in limits.items())
 
 
 def setting_metrics(traces: list[RequestTrace], goodput: Goodput | None = None, gpus: int = 1) -> dict:
     """Latency percentiles over the completed requests, throughput over the setting's duration; goodput (None
     without limits) and the throughputs per GPU (gpus: the run's) and per user (module doc)."""
     done = [t for t in traces if t.complete]
-    ttft = [t.token_s[0] - t.arrival_s for t in done]
-    tpot = [(t.token_s[-1] - t.token_s[0]) / (t.output_len - 1) for t in done if t.output_len > 1]
+    lats = [_request_latencies(t) for t in done]
+    ttft, e2el = [x["ttft"] for x in lats], [x["e2el"] for x in lats]
+    tpot = [x["tpot"] for x in lats if x["tpot"] is not None]
     itl = [b - a for t in done for a, b in zip(t.token_s, t.token_s[1:])]
-    e2el = [t.token_s[-1] - t.arrival_s for t in done]
     duration = max((t.token_s[-1] for t in done), default=0.0)
     out_tokens = sum(t.output_len for t in done)
     prompt_tokens = sum(t.prompt_len for t in done)
@@ -91,7 +95,8 @@ def setting_metrics(traces: list[RequestTrace], goodput: Goodput | None = None, 
            "output_throughput": rate(out_tokens), "total_token_throughput": rate(out_tokens + prompt_tokens)}
     for name, values in zip(LATENCIES, (ttft, tpot, itl, e2el)):
         out.update(latency_stats(name, values))
-    good = sum(_meets(t, goodput.limits()) for t in done) if goodput is not None else None
+    limits = goodput.limits() if goodput is not None else None
+    good = None if limits is None else sum(_meets(x, limits) for x in lats)
     out["good_requests"], out["goodput"] = good, None if good is None else rate(good)
     out["output_throughput_per_gpu"] = None if out["output_throughput"] is None else out["output_throughput"] / gpus
     p50 = out["tpot_ms_p50"]

@@ -105,8 +105,8 @@ def table(settings: list[dict]) -> str:
         lo_hi = s["spread"]["output_throughput"]
         spread = f"({_rate(lo_hi[0])}-{_rate(lo_hi[1])})" if lo_hi else "-"
         rows.append(f"{s['mode']:20s} {s['label']:>12s} {int(s['completed']):>5d} {_rate(s['request_throughput']):>7s} "
-                    f"{_rate(s.get('goodput')):>7s} {_rate(s['output_throughput']):>10s} {spread:>15s} "
-                    f"{_rate(s.get('output_throughput_per_gpu')):>8s} {_rate(s.get('output_throughput_per_user')):>7s} "
+                    f"{_rate(s['goodput']):>7s} {_rate(s['output_throughput']):>10s} {spread:>15s} "
+                    f"{_rate(s['output_throughput_per_gpu']):>8s} {_rate(s['output_throughput_per_user']):>7s} "
                     + " ".join(f"{_ms(s[f'{m}_ms_p{p}']):>{9 if p == 50 and m != 'itl' else 8}s}"
                                for m in ("ttft", "tpot") for p in (50, 90, 99))
                     + f" {_ms(s['itl_ms_p50']):>8s} {_ms(s['itl_ms_p99']):>8s}")
