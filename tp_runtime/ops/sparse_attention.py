@@ -162,7 +162,10 @@ def _sparse_attn_kernel(
 
     # Compressed rows (candidates W .. total-1): the indexer's picks (ratio 4) or every completed entry.
     if HAS_COMP:
-        base = comp_ptr + slot * sc_slot
+        # the slot's offset carries the rows' alignment too: without it the FP8 codes' loads are not known
+        # to be 8-byte vectors where the slot stride is no multiple of 16 (ratio 128: ceil(max_len / 128)
+        # rows of 584 bytes), and the pipeliner leaves them as plain loads, none in flight ahead
+        base = comp_ptr + tl.multiple_of(slot * sc_slot, ROW_ALIGN)
         for start in range(tl.maximum(lo, W), hi, BLOCK_N):
             c = start - W + tl.arange(0, BLOCK_N)
             live = c < hi - W
