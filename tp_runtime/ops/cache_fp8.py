@@ -173,13 +173,8 @@ def load_rows(ptr, d, ok, DN: tl.constexpr, DR: tl.constexpr, DTYPE: tl.constexp
     codes = tl.load(p + d[None, :], mask=ok[:, None] & is_nope, other=0)  # [N, BLOCK_D] uint8
     nope = codes.to(tl.float8e4nv, bitcast=True).to(DTYPE)
     g = D0 // 64 + tl.arange(0, G)  # the scale groups of these dims
-    # each group's scale byte from the 4-byte word holding it (the scales start 4-aligned: DN + 2*DR with DN
-    # a multiple of 64 and DR even): 32-bit loads, which the pipeliner stages ahead like the codes (byte
-    # loads it leaves in place, each tile then waiting out their latency)
-    words = (ptr + (DN + 2 * DR)).to(tl.pointer_type(tl.int32))[:, None] + (g // 4)[None, :]
-    sc = tl.load(words, mask=ok[:, None] & (g < DN // 64)[None, :], other=127)  # [N, G] int32
-    sc = tl.where((g < DN // 64)[None, :], (sc >> (8 * (g % 4))[None, :]) & 255, 127)
-    scale = exp2_int(sc - 127).to(DTYPE)  # [N, G]: 1 for groups past the nope dims
+    sc = tl.load(p + (DN + 2 * DR) + g[None, :], mask=ok[:, None] & (g < DN // 64)[None, :], other=127)
+    scale = exp2_int(sc.to(tl.int32) - 127).to(DTYPE)  # [N, G]: 1 for groups past the nope dims
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (N, G, 64)), (N, BLOCK_D))
     if not ROPE:
         return nope * scale
