@@ -31,9 +31,8 @@ from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_atte
 DEV, DT = torch.device("cuda"), torch.bfloat16
 M = ModelConfig()
 H, D, W, K = M.num_attention_heads, M.head_dim, M.sliding_window, M.index_topk
-CONFIGS = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 3), (64, 32, 8, 5), (64, 16, 8, 5), (64, 32, 4, 2),
-           (32, 32, 8, 2),
-           (32, 64, 8, 2), (32, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 2)]
+CONFIGS = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 3), (64, 32, 8, 5), (64, 16, 8, 5),
+           (64, 32, 4, 2), (32, 32, 8, 2), (32, 64, 8, 2), (32, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 2)]
 
 
 def chunk_inputs(T: int, ctx: int, ratio: int) -> tuple:
