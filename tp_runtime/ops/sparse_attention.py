@@ -257,22 +257,22 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x value_split x splits. From the H200 sweeps at Flash dims, 4K context
-    (benchmarks/attention_sweep.py; results/h200-2026-12-02-attention, h200-2026-12-02-attention-stages),
-    three regimes:
+    (benchmarks/attention_sweep.py; results/h200-2026-12-02-attention and -attention-stages), three regimes:
     - few tokens (T x ceil(Hl / 16) x 8 <= SMs; decode at batch 1-4 with 64 heads): 16 heads a program,
-      candidates split 64 a program, 8 warps: the fixed cost of a program (q, index loads, partials) is what
-      these steps pay, so many short programs win (batch 1, ratio 4: 20.6 / 26.3 us bf16 / FP8 rows).
-    - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program (each gathered row
-      read and decoded once), no split (a split's combine and partial stores cost more than the idle SMs
-      of the last wave), 8 warps. bf16 rows: five stages, so that the gathers run two tiles ahead (Triton
-      splits the stages between the index loads and the row gathers they address), 32-row tiles (64 with
-      16 heads, 2 stages with 32); batch 128, ratio 4 / 128: 79.7 / 31.7 us (two stages: 80.8 / 33.8),
-      8 heads (rank 0 of tp 8): 50.2 us (55.2). FP8 rows: two stages (deeper rings of their byte tiles
-      do not fit the shared memory or lose), 64-row tiles where candidates are many (ratio 4: 640) and
-      32 otherwise; batch 128: 133 / 54 us.
-    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, five stages for bf16 rows
-      (batch 8 / 32, ratio 128: 23.0 / 26.2 us against 25.0 / 30.8 with three) and three for FP8 rows,
-      except FP8 rows with many candidates (all heads a program, 8 warps: each row decoded once).
+      64-row tiles split 64 candidates a program, 8 warps: the fixed cost of a program (q, index loads,
+      partials) is what these steps pay, so many short programs win (batch 1, ratio 4: 20.6 / 25.7 us bf16 /
+      FP8 rows).
+    - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program of 8 warps (each
+      gathered row read and decoded once), no split (a split's combine and partial stores cost more than the
+      idle SMs of the last wave). See `_many_tokens`.
+    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 5 stages for bf16 rows (batch
+      8 / 32, ratio 128: 23.0 / 26.2 us, 25.0 / 30.8 with 3); FP8 rows with many candidates (ratio 4) all
+      heads a program, 8 warps (each row decoded once), with few (ratio 128) 16 heads in 64-row tiles, 8 warps,
+      split to fill the SMs twice where the programs fill under half of them, else not split (batch 8 / 32:
+      25.5 / 31.6 us; 35.9 / 48.7 as bf16 rows are configured).
+    Stages: Triton's pipeliner splits `num_stages - 1` between the index loads and the gathers they address,
+    and gives direct loads (ratio 128's rows) all of it: 5 stages ring 4 tiles there, so a tile is at most
+    32 bf16 rows of 512 dims beside 64 heads' q (192 KB of shared memory).
     The value split (value_split 2) never won at Flash dims and stays off. fp32 (the checks' dtype; tiles of
     twice the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows."""
     wide = head_dim >= 256
@@ -282,29 +282,37 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     elif fp32:
         cfg, fill = AttnConfig(16 if n_heads <= 16 else 32, 32 if fp8 else 64, 8, 2, 0), 1
     elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
-        cfg, fill = AttnConfig(16, 32 if fp8 else 64, 8, 2, 0), 0
+        cfg, fill = AttnConfig(16, 64, 8, 2, 0), 0
     elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
         return _many_tokens(h16, n_cand, fp8)
     elif fp8 and n_cand >= 512:
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
+    elif fp8:  # split to fill the SMs twice where programs are few, else not at all
+        cfg = AttnConfig(16, 64, 8, 2, 0)
+        fill = 2 if n_tokens * triton.cdiv(n_heads, 16) * 2 <= n_sm else -1
     else:
-        cfg, fill = AttnConfig(16, 32, 4, 3 if fp8 else 5, 0), 1
+        cfg, fill = AttnConfig(16, 32, 4, 5, 0), 1
     bn = cfg.block_n
     if fill == 0:  # as many programs as candidates allow, 64 candidates each
         return cfg._replace(split_len=max(64, bn))
     base = n_tokens * triton.cdiv(n_heads, cfg.block_h)
-    splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm, base)))
+    splits = 1 if fill < 0 or base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm * fill, base)))
     return cfg._replace(split_len=triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn)
 
 
 def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
-    """attn_config's many-token regime: every head of a token in one program of 8 warps, no split."""
+    """attn_config's many-token regime (batch 128, 4K, ratio 4 / 128, us a layer):
+    - bf16 rows, 64 heads: 32-row tiles, 5 stages (79.7 / 31.7; 64-row tiles and 2 stages: 80.8 / 33.8);
+    - bf16 rows, 16 or 32 heads a program: 64-row tiles, 2 stages (8 heads, rank 0 of tp 8: 55.2 us; 5 stages
+      gained 9 % at ratio 4 but ring 4 x 64 KB tiles at ratio 128, more than the shared memory);
+    - FP8 rows: 64-row tiles, 2 stages with many candidates (ratio 4: 135 us); 32-row tiles, 3 stages with
+      few (ratio 128: 48.3 us, 59.6 with 2)."""
     if fp8:
-        bn, stages = (64 if n_cand >= 512 else 32), 2
-    elif h16 == 32:  # no deeper ring fits beside 32 heads' q and 64-row tiles; 32-row tiles with 5 lose (79 us)
-        bn, stages = 64, 2
+        bn, stages = (64, 2) if n_cand >= 512 else (32, 3)
+    elif h16 == 64:
+        bn, stages = 32, 5
     else:
-        bn, stages = (64 if h16 == 16 else 32), 5
+        bn, stages = 64, 2
     return AttnConfig(h16, bn, 8, stages, triton.cdiv(n_cand, bn) * bn)
 
 
