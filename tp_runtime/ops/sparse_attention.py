@@ -301,15 +301,18 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
 
 
 def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
-    """attn_config's many-token regime (batch 128, 4K, ratio 4 / 128, us a layer):
-    - bf16 rows, 64 heads: 32-row tiles, 5 stages (79.7 / 31.7; 64-row tiles and 2 stages: 80.8 / 33.8);
-    - bf16 rows, 16 or 32 heads a program: 64-row tiles, 2 stages (8 heads, rank 0 of tp 8: 55.2 us; 5 stages
-      gained 9 % at ratio 4 but ring 4 x 64 KB tiles at ratio 128, more than the shared memory);
+    """attn_config's many-token regime (H200, Flash dims, 4K; decode at batch 128, prefill chunks of 2,048):
+    - bf16 rows, 64 heads, many candidates (ratio 4): 64-row tiles, 2 stages (decode 80.8 us; 32-row tiles
+      with 5 stages, 79.7, lose 11 % on prefill chunks: 1.12 against 1.00 ms);
+    - bf16 rows, 64 heads, few candidates (ratio 128): 32-row tiles, 5 stages (decode 31.7 us, 33.8 with 2;
+      batch 256: 57.7 against 61.4; prefill within 3 %);
+    - bf16 rows, 16 or 32 heads a program: 64-row tiles, 2 stages (8 heads, rank 0 of tp 8: 55.2 us; 5
+      stages gained 9 % at ratio 4 but ring 4 x 64 KB tiles at ratio 128, more than the shared memory);
     - FP8 rows: 64-row tiles, 2 stages with many candidates (ratio 4: 135 us); 32-row tiles, 3 stages with
       few (ratio 128: 48.3 us, 59.6 with 2)."""
     if fp8:
         bn, stages = (64, 2) if n_cand >= 512 else (32, 3)
-    elif h16 == 64:
+    elif h16 == 64 and n_cand < 512:
         bn, stages = 32, 5
     else:
         bn, stages = 64, 2
