@@ -265,8 +265,8 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program of 8 warps (each
       gathered row read and decoded once), no split (a split's combine and partial stores cost more than the
       idle SMs of the last wave). See `_many_tokens`.
-    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 5 stages for bf16 rows (batch
-      8 / 32, ratio 128: 23.0 / 26.2 us, 25.0 / 30.8 with 3); FP8 rows with many candidates (ratio 4) all
+    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 3 stages for bf16 rows (5 stages
+      moved batch 8 / 32 by -5 to +4 %, by ratio and batch); FP8 rows with many candidates (ratio 4) all
       heads a program, 8 warps (each row decoded once), with few (ratio 128) 16 heads in 64-row tiles, 8 warps,
       split to fill the SMs twice where the programs fill under half of them, else not split (batch 8 / 32:
       25.5 / 31.6 us; 35.9 / 48.7 as bf16 rows are configured).
@@ -291,7 +291,7 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
         cfg = AttnConfig(16, 64, 8, 2, 0)
         fill = 2 if n_tokens * triton.cdiv(n_heads, 16) * 2 <= n_sm else -1
     else:
-        cfg, fill = AttnConfig(16, 32, 4, 5, 0), 1
+        cfg, fill = AttnConfig(16, 32, 4, 3, 0), 1
     bn = cfg.block_n
     if fill == 0:  # as many programs as candidates allow, 64 candidates each
         return cfg._replace(split_len=max(64, bn))
