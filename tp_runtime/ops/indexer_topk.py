@@ -110,7 +110,7 @@ def _score_kernel(
             q, w = _round_q(q, w, FP8)
         base = k_ptr + tl.load(slot_ptr + t) * sk_slot
         if FP8 and Q_FP8:  # the run's key scales, loaded once: the loop's only loads are the key codes
-            run_scales = _run_key_scales(base, start, n, sk_row, ID, BLOCKS_P2, BLOCK_N, ROW_ALIGN)
+            run_scales = _run_key_scales(base, start, n, sk_row, ID, BLOCKS, BLOCKS_P2, BLOCK_N, ROW_ALIGN)
         for b0 in range(start, tl.minimum(start + BLOCK_N * BLOCKS, n), BLOCK_N):
             s = b0 + tl.arange(0, BLOCK_N)
             km = s < n
@@ -176,14 +176,15 @@ def _fp8_dot_scores(q_codes, w, row, d, km, ID: tl.constexpr):
 
 
 @jit
-def _run_key_scales(base, start, n, sk_row, ID: tl.constexpr, BLOCKS_P2: tl.constexpr, BLOCK_N: tl.constexpr,
-                    ROW_ALIGN: tl.constexpr):
-    """The fp32 scales of a run's FP8 keys [BLOCKS_P2, BLOCK_N] (block j's in row j; zero at and past n): one
-    load before the loop (a scale load per block would be a synchronous load: only the dot's operands are
-    copied ahead asynchronously)."""
-    s = start + tl.arange(0, BLOCKS_P2)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+def _run_key_scales(base, start, n, sk_row, ID: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr):
+    """The fp32 scales of a run's FP8 keys [BLOCKS_P2, BLOCK_N] (block j's in row j; zero at and past n and
+    in rows j >= BLOCKS): one load before the loop (a scale load per block would be a synchronous load: only
+    the dot's operands are copied ahead asynchronously)."""
+    j = tl.arange(0, BLOCKS_P2)[:, None]
+    s = start + j * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     ptr = base + tl.multiple_of(s.to(tl.int64) * sk_row, [ROW_ALIGN, ROW_ALIGN]) + ID
-    return tl.load(ptr.to(tl.pointer_type(tl.float32)), mask=s < n, other=0.0)
+    return tl.load(ptr.to(tl.pointer_type(tl.float32)), mask=(s < n) & (j < BLOCKS), other=0.0)
 
 
 @jit
