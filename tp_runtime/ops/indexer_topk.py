@@ -39,19 +39,20 @@ registers (exact in q's dtype).
 q_fp8 (runtime.indexer_q=e4m3, as DeepSeek's and vLLM's indexers): the score is that of q rounded as a key is
 stored, each head's q[t, h] to e4m3 with one power-of-two scale qs[h] (cache_fp8's rule and integer-exact
 helpers, so the interpreter, the GPU and `cache_fp8.round_keys` agree bit for bit), rounded once a program
-(`_round_q`). With keys in q's dtype the rounded q (exact there) takes today's dot. With FP8 keys both sides
-are e4m3: as the scales are positive, relu(qs * ks * dot) = qs * ks * relu(dot), so the kernel runs the FP8
-dot of q's codes [BLOCK_H, Id] and the key codes [BLOCK_N, Id] as stored (loaded through an e4m3 pointer:
-the async copies write them into the MMA's shared-memory operand, K-major as the FP8 MMA needs its B; no
-decode in registers) with fp32 accumulation, and
+(`_round_q`). With keys in q's dtype the rounded q (exact there) takes the same dot as an unrounded one.
+With FP8 keys both sides are e4m3: as the scales are positive, relu(qs * ks * dot) = qs * ks * relu(dot), so
+the kernel runs the FP8 dot of q's codes [BLOCK_H, Id] and the key codes [BLOCK_N, Id] as stored (loaded
+through an e4m3 pointer: the async copies write them into the MMA's shared-memory operand, K-major as the
+FP8 MMA needs its B; no decode in registers) with fp32 accumulation (on sm_90 wgmma e4m3 at Flash dims;
+below 64 heads a block, Triton's MMA v2 path, which widens both to f16 in registers: exact too), and
 
     score[n] = ks[n] * sum_h (w[h] * qs[h]) * relu(dot[h, n]) * scale.
 
-The keys' scales of a program's run load once before its loop ([BLOCKS, BLOCK_N]: only a dot's operands are
-copied ahead asynchronously). Products of two e4m3 values are exact in fp32, so this differs from the
+The keys' scales of a program's run load once before its loop ([BLOCKS_P2, BLOCK_N]: only a dot's operands
+are copied ahead asynchronously). Products of two e4m3 values are exact in fp32, so this differs from the
 decoded fp32 dot only by the accumulation: in order of summation, and on Hopper in precision (the FP8 MMA
-adds its Id products into an accumulator narrower than fp32, about 14 bits as DeepSeek-V3's report measured,
-as the released model's FP8 indexer dot does; tests/test_fp8_cache_gpu.py states the bound it is held to).
+adds its Id products into an accumulator narrower than fp32, about 14 bits as DeepSeek-V3's report measured;
+tests/test_fp8_cache_gpu.py states the bound it is held to).
 Picks may then differ from the torch path's only where two scores lie within that bound of each other.
 Triton's interpreter runs the FP8 dot on the decoded values with fp32 sums.
 
