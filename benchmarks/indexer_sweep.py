@@ -1,8 +1,10 @@
 """Time the indexer's score + top-K select (ops/indexer_topk.py) per variant, Flash dims, one decode token a sequence.
 
     python -m benchmarks.indexer_sweep OUT_DIR [--rounds 3] [--batches 1 32 128] [--contexts 4096 32768]
+        [--indexer-q bf16 e4m3]
 
-Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_keys), the variants of
+Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_keys x query: bf16, or e4m3 as
+runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kernel), the variants of
 VARIANTS below: the separate one-program-per-token radix select ("radix"), the fused select at its default
 configuration ("fused") and a few other fused configurations. Sized from MAX_LEN (n_keys = MAX_LEN / 4 as
 the full graph runs it); each token has context / 4 live keys. Each variant is captured in a CUDA graph
@@ -58,19 +60,20 @@ def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple:
     return q, w, quantize_keys(keys) if fp8 else keys, slot, n_valid
 
 
-def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int) -> list[dict]:
+def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int,
+          q_fp8: bool = False) -> list[dict]:
     args = inputs(batch, ctx, fp8, dev)
     cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
-    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["fused"]).sort(dim=1).values
+    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["fused"], q_fp8=q_fp8).sort(dim=1).values
     rows = {}
     for name, cfg in cfgs.items():  # compile and check outside the timing
-        got = indexer_topk(*args, N_KEYS, K, config=cfg).sort(dim=1).values
-        rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", variant=name,
-                          config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
+        got = indexer_topk(*args, N_KEYS, K, config=cfg, q_fp8=q_fp8).sort(dim=1).values
+        rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", q="e4m3" if q_fp8 else "bf16",
+                          variant=name, config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
     for _ in range(rounds):
         for name, cfg in cfgs.items():
-            t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c), dev, budget_ms=(5, 30),
-                             flush_l2=True)
+            t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8), dev,
+                             budget_ms=(5, 30), flush_l2=True)
             rows[name]["samples_ms"].append(t.median_ms)
     for r in rows.values():
         r["us"] = 1e3 * statistics.median(r["samples_ms"])
@@ -81,15 +84,15 @@ def table(rows: list[dict], env: dict) -> str:
     names = list(VARIANTS)
     lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
              f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
-             "| batch | ctx | keys | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
-             "|---|---|---|" + "---|" * (len(names) + 2)]
+             "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
+             "|---|---|---|---|" + "---|" * (len(names) + 2)]
     by_point: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        by_point.setdefault((r["batch"], r["context"], r["keys"]), {})[r["variant"]] = r
-    for (b, c, kf), v in by_point.items():
+        by_point.setdefault((r["batch"], r["context"], r["keys"], r["q"]), {})[r["variant"]] = r
+    for (b, c, kf, qf), v in by_point.items():
         differ = [n for n, x in v.items() if not x["same"]]
         same = "NO: " + ", ".join(differ) if differ else "yes"
-        lines.append(f"| {b} | {c // 1024}K | {kf} | " + " | ".join(f"{v[n]['us']:.1f}" for n in names) +
+        lines.append(f"| {b} | {c // 1024}K | {kf} | {qf} | " + " | ".join(f"{v[n]['us']:.1f}" for n in names) +
                      f" | {v['radix']['us'] / v['fused']['us']:.2f}x | {same} |")
     return "\n".join(lines) + "\n"
 
@@ -100,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    ap.add_argument("--indexer-q", nargs="+", choices=["bf16", "e4m3"], default=["bf16"],
+                    help="query formats (runtime.indexer_q); e4m3 over FP8 keys times the FP8-dot score kernel")
     return ap.parse_args(argv)
 
 
@@ -113,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     for batch in a.batches:
         for ctx in a.contexts:
             for fp8 in (False, True):
-                rows += point(batch, ctx, fp8, a.rounds, dev, n_sm)
-                print(f"batch {batch} ctx {ctx} {'fp8' if fp8 else 'bf16'}: "
-                      + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS):])
-                      + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+                for iq in a.indexer_q:
+                    rows += point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3")
+                    print(f"batch {batch} ctx {ctx} keys {'fp8' if fp8 else 'bf16'} q {iq}: "
+                          + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS):])
+                          + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     env = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
                triton=version_of("triton"), max_len=MAX_LEN, dtype=str(DT), rounds=a.rounds, sms=n_sm)
     write_records(a.out / "timings.jsonl", [dict(env=env, rows=rows)], settings={**vars(a), "out": str(a.out)})
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     bad = [r for r in rows if not r["same"]]
     if bad:
         raise SystemExit(f"{len(bad)} variant(s) picked other sets than the default: "
-                         + ", ".join(f"{r['variant']} b{r['batch']} {r['context']} {r['keys']}" for r in bad))
+                         + ", ".join(f"{r['variant']} b{r['batch']} {r['context']} {r['keys']} q {r['q']}"
+                                     for r in bad))
 
 
 if __name__ == "__main__":

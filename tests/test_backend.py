@@ -6,6 +6,7 @@
   branches on the backend's name;
 - the torch backend's stack (every break scope) gives, bit for bit, what the torch twins composed by
   hand give: the layers route each kernel call to the twin with the same arguments, in the same order;
+- runtime.indexer_q reaches every Indexer and, as q_fp8, every indexer_topk call of its backend;
 - runtime.streams is checked, a CPU runs one stream, and stage B's two-stream schedule (its code path run
   in program order) gives the one-stream values bit for bit. On a GPU: tests/test_full_graph_gpu.py.
 The Triton backend's kernels against the torch twins: tests/test_prep_kernels_gpu.py and the other
@@ -22,9 +23,11 @@ import torch
 
 from conftest import TINY_PATH as TINY
 from tp_runtime.config import ConfigError, load_config
+from tp_runtime.engine.entry import in_process
 from tp_runtime.executor.plan import SeqChunk, StepPlan
 from tp_runtime.executor.shard import ModelShard
 from tp_runtime.model.batch import LiveBatch
+from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.model.streams import INLINE, Inline
 from tp_runtime.ops import select, torch_path as tp
@@ -76,6 +79,27 @@ def test_one_backend_object_reaches_every_layer(backend):
             "DSV4Attention"} <= kinds
     assert all(m.backend is backend for m in holders) and stack.kernels == backend.name
     assert {blk.attn.ratio for blk in stack.layers.values()} == {0, 4, 128}
+
+
+def test_indexer_q_reaches_every_indexer_and_its_backend_call(monkeypatch):
+    # runtime.indexer_q: carried by the shard to every Indexer, which passes it to the backend's indexer_topk
+    # as q_fp8 on every call (tiny: layers 1 and 3 have ratio 4).
+    seen = []
+    twin = tp.indexer_topk
+
+    def spy(*args, q_fp8=False):
+        seen.append(q_fp8)
+        return twin(*args, q_fp8=q_fp8)
+
+    monkeypatch.setattr(TorchBackend, "indexer_topk", staticmethod(spy))
+    for setting, want in (("bf16", False), ("e4m3", True)):
+        cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "parallel.launcher=local",
+                                 "workload.requests=2", f"runtime.indexer_q={setting}"])
+        shard = ModelShard.build(cfg, single_process(CPU))
+        assert [m.q_fp8 for m in shard.stack.modules() if isinstance(m, Indexer)] == [want, want]
+        seen.clear()
+        in_process(cfg)
+        assert seen and set(seen) == {want}
 
 
 def test_no_model_module_branches_on_the_kernel_name():

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tp_runtime.config import ConfigError, load_config, parse_layer_spec
-from conftest import TINY_PATH as TINY, ROOT
+from conftest import TINY_PATH as TINY, ROOT, run_cli
 
 
 def test_tiny_loads_with_released_key_names():
@@ -59,6 +59,16 @@ def test_choice_is_refused_with_allowed_values():
     with pytest.raises(ConfigError,
                        match=r"'graph\.mode' must be one of \['eager', 'breakable', 'full', 'full_and_breakable'\]"):
         load_config(TINY, ["graph.mode=fast"])
+
+
+def test_indexer_q_defaults_to_bf16_and_a_bad_value_is_one_error_line():
+    assert load_config(TINY).runtime.indexer_q == "bf16"
+    assert load_config(TINY, ["runtime.indexer_q=e4m3"]).runtime.indexer_q == "e4m3"
+    with pytest.raises(ConfigError, match=r"'runtime\.indexer_q' must be one of \['bf16', 'e4m3'\], got 'fp8'"):
+        load_config(TINY, ["runtime.indexer_q=fp8"])
+    proc = run_cli(["run", TINY, "runtime.indexer_q=fp8"], timeout_s=60)  # refused before any rank starts
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "indexer_q" in lines[0]
 
 
 @pytest.mark.parametrize("tp", [3, 5, 8])

@@ -17,7 +17,22 @@ Checked:
   at most 1e-3 of the bytes may differ, and each dequantized row within 1e-2 relative of the torch path's
   (one e4m3 step of one element moves a 64+ dim row by at most 2^-3 / 8 ~ 1.6e-2 of the element's
   share, ~1e-3 typically; a wrong scale or layout moves rows by 1e-1 and more);
-- a CUDA-graph replay of attention and top-K over FP8 caches (GPU only).
+- a CUDA-graph replay of attention and top-K over FP8 caches (GPU only);
+- runtime.indexer_q=e4m3 over FP8 keys: the query rounding (`quantize_vectors`) against quantize_keys bit for
+  bit, and the score kernel's FP8 dot (e4m3 q codes times the stored key codes) against the torch path, which
+  rounds q with round_keys and scores in fp32. Each product of two e4m3 values is exact in fp32, so the two
+  differ only in how the Id products of a (head, key) dot are summed: in another order and, on Hopper, in
+  the FP8 MMA's accumulator, narrower than fp32 (about 14 bits: DeepSeek-V3's report). Even if each of the
+  128 additions lost 2^-13 of the sum of the magnitudes so far, a dot would be off by at most 2^-6 of
+  sum_d |q_d k_d|, a worst case that needs every loss in one direction; over terms of random sign they
+  mostly cancel. So each score may differ from the exact one by FP8_DOT_TOL = 2^-7 of its size, scale *
+  sum_h |w_h| * sum_d |q_hd k_d| (relu moves nothing by more than its input; the fp32 head sums add ~2^-18).
+  A key scored with another key's scale or a head without its scale is off by 100 % and more; the rounding
+  itself is checked bit for bit (and, with keys in q's dtype, to 1e-5 in tests/test_kernels_gpu.py). Picks
+  may differ only between scores within twice that bound of the K-th; with integer inputs (q in -2..2, keys
+  in -1..1: codes 128 or 256 times a power of two, partial sums multiples of 2^15 below 2^23, 9 significant
+  bits) every dot is exact on any accumulator of 10 bits or more, so the sets must be identical, ties too.
+  The interpreter runs the FP8 dot on the decoded values with fp32 sums.
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 from tp_runtime.ops.torch_path import heads as torch_heads
 from tp_runtime.ops import torch_path
 from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
-                                      row_bytes)
+                                      round_keys, row_bytes)
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -39,17 +54,18 @@ DEV = KERNEL_DEVICE
 
 from test_compressor_kernel_gpu import Case, step_batch  # noqa: E402
 from test_kernels_gpu import (  # noqa: E402
-    DECODE_POS, DTYPES, TOL, assert_graph_replay_follows_inputs, attention_case, padded_picks_case, rel_err, run_both,
-    topk_case)
+    DECODE_POS, DTYPES, FLASH, TOL, _config, assert_graph_replay_follows_inputs, attention_case, padded_picks_case,
+    rel_err, run_both, topk_case)
 
-from tp_runtime.ops.cache_fp8 import load_keys, load_rows, store_key, store_row  # noqa: E402
-from tp_runtime.ops.indexer_topk import indexer_topk  # noqa: E402
+from tp_runtime.ops.cache_fp8 import load_keys, load_rows, quantize_vectors, store_key, store_row  # noqa: E402
+from tp_runtime.ops.indexer_topk import indexer_scores, indexer_topk  # noqa: E402
 from tp_runtime.ops.rope import prepare_heads  # noqa: E402
 from tp_runtime.ops.sparse_attention import AttnConfig  # noqa: E402
 
 EPS = 1e-6
 BYTES_DIFFER = 1e-3  # share of bytes two quantizations of near-equal fp32 values may differ in (docstring)
 ROW_TOL = 1e-2
+FP8_DOT_TOL = 2.0 ** -7  # of a score's absolute size, for the FP8 dot (module docstring)
 
 
 # ------------------------------------------------------------------ the helpers, bit for bit
@@ -86,6 +102,16 @@ def _load_keys_kernel(b_ptr, y_ptr, n, ID: tl.constexpr, BLOCK_N: tl.constexpr, 
     ok = rows < n
     y = load_keys(b_ptr + rows * (ID + 4), d, ok, ID)
     tl.store(y_ptr + rows[:, None] * ID + d[None, :], y, mask=ok[:, None] & (d < ID)[None, :])
+
+
+@triton.jit
+def _quantize_vectors_kernel(x_ptr, c_ptr, k_ptr, M: tl.constexpr, ID: tl.constexpr, BLOCK_D: tl.constexpr):
+    r = tl.arange(0, M)
+    d = tl.arange(0, BLOCK_D)
+    m = (d < ID)[None, :]
+    codes, k = quantize_vectors(tl.load(x_ptr + r[:, None] * ID + d[None, :], mask=m, other=0.0))
+    tl.store(c_ptr + r[:, None] * ID + d[None, :], codes.to(tl.uint8, bitcast=True), mask=m)
+    tl.store(k_ptr + r, k)
 
 
 def edge_rows(n: int, D: int, seed: int) -> torch.Tensor:
@@ -132,6 +158,20 @@ def test_key_helpers_match_torch_bit_for_bit(Id):
     y = torch.full_like(x, float("nan"))
     _load_keys_kernel[(triton.cdiv(len(x), 16),)](ref, y, len(x), ID=Id, BLOCK_N=16, BLOCK_D=bd)
     assert torch.equal(y, dequantize_keys(ref, Id))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Id", [128, 16, 96])
+def test_query_rounding_matches_quantize_keys_bit_for_bit(Id, dtype):
+    # runtime.indexer_q=e4m3: the score kernel rounds each head's q with quantize_vectors, which must give the
+    # bytes and scale quantize_keys gives that vector (the torch path's round_keys), in fp32 and bf16 q alike.
+    x = edge_rows(64, Id, seed=Id + 1).to(dtype)
+    codes = torch.full((64, Id), 0xAB, dtype=torch.uint8, device=DEV)
+    k = torch.full((64,), -999, dtype=torch.int32, device=DEV)
+    _quantize_vectors_kernel[(1,)](x, codes, k, M=64, ID=Id, BLOCK_D=triton.next_power_of_2(Id))
+    ref = quantize_keys(x)
+    assert torch.equal(codes, ref[:, :Id]), (codes != ref[:, :Id]).nonzero()[:8].tolist()
+    assert torch.equal(torch.exp2(k.double()).float(), ref[:, Id:].contiguous().view(torch.float32)[:, 0])
 
 
 # ------------------------------------------------------------------ sparse attention over FP8 rows
@@ -264,6 +304,82 @@ def test_fp8_topk_small_heads():
     check_topk_fp8(fp8_keys(case), 128, 8, exact=True)
 
 
+# ------------------------------------------------------------------ FP8 dot: e4m3 queries over FP8 keys
+
+
+def fp8_dot_case(nv: list[int], n_keys: int, dtype: torch.dtype, seed: int, integer: bool, ih: int, idim: int):
+    """test_kernels_gpu.topk_case with FP8 keys. Float inputs: each key and each head's q times its own power
+    of two (2^-3 .. 2^3), so that scales differ key by key and a score taken with another key's scale is
+    off by a factor >= 2. Integer inputs as they are (q in -2..2, keys in -1..1: module docstring)."""
+    q, w, keys, slot, nv_t = topk_case(nv, n_keys, dtype, seed=seed, integer=integer, n_heads=ih, dim=idim)
+    if not integer:
+        g = torch.Generator(device=DEV).manual_seed(seed + 1)
+        keys = keys * torch.exp2(torch.randint(-3, 4, (*keys.shape[:2], 1), generator=g, device=DEV)).to(dtype)
+        q = q * torch.exp2(torch.randint(-3, 4, (*q.shape[:2], 1), generator=g, device=DEV)).to(dtype)
+    return q, w, quantize_keys(keys), slot, nv_t
+
+
+def fp8_dot_reference(q, w, keys, slot, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact scores of round_keys(q) and the stored keys, float64 [T, n_keys], and the bound the kernel's
+    are held to: FP8_DOT_TOL * scale * sum_h |w[h]| * (|q_r[h]| . |k[n]|) (module docstring)."""
+    qr = round_keys(q).double()
+    kd = dequantize_keys(keys[slot, :n_keys], q.shape[2], torch.float64)  # [T, n_keys, Id]
+    scale = q.shape[2] ** -0.5 * q.shape[1] ** -0.5
+    exact = torch.einsum("thn,th->tn", torch.einsum("thd,tnd->thn", qr, kd).relu(), w.double()) * scale
+    size = torch.einsum("thn,th->tn", torch.einsum("thd,tnd->thn", qr.abs(), kd.abs()), w.double().abs()) * scale
+    return exact, FP8_DOT_TOL * size
+
+
+def check_fp8_dot_topk(case, n_keys: int, k: int, config, exact: bool) -> None:
+    """The kernel with q_fp8 over FP8 keys against the torch path with q_fp8: every valid score within
+    fp8_dot_reference's bound of the exact one; picks packed and unique, and as sets the torch path's
+    (exact: integer inputs) or differing only where a score lies within twice the bound of the K-th."""
+    q, w, keys, slot, nv = case
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k, q_fp8=True)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config, q_fp8=True)
+    scores = indexer_scores(q, w, keys, slot, nv, n_keys, q_fp8=True, config=config).double()
+    want, bound = fp8_dot_reference(q, w, keys, slot, n_keys)
+    assert got.shape == ref.shape
+    for t in range(len(nv)):
+        n = min(int(nv[t]), n_keys)
+        far = (scores[t, :n] - want[t, :n]).abs() > bound[t, :n]
+        assert not far.any(), (t, far.nonzero()[:5].flatten().tolist())
+        m = min(n, ref.shape[1])
+        r, o = ref[t].tolist(), got[t].tolist()
+        assert o[m:] == [-1] * (len(o) - m) and -1 not in o[:m] and len(set(o[:m])) == m, f"token {t}"
+        rs, os_ = set(r[:m]), set(o[:m])
+        if exact:
+            assert rs == os_, (t, sorted(rs - os_)[:5], sorted(os_ - rs)[:5])
+        elif rs != os_:
+            kth = float(want[t, r[m - 1]])
+            slack = 2 * float(bound[t, :n].max()) + 1e-5 * abs(kth)
+            for i in rs ^ os_:
+                assert abs(float(want[t, i]) - kth) <= slack, (t, i)
+
+
+FP8_DOT_DIMS = {"flash": (FLASH.index_n_heads, FLASH.index_head_dim, FLASH.index_topk),
+                "small": (8, 48, 16)}  # small: heads padded to BLOCK_H 16, dims masked to BLOCK_D 64
+
+
+@pytest.mark.parametrize("integer", [True, False], ids=["integer", "float"])
+@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("T", [1, 3] if INTERPRET else [1, 3, 8, 33])
+@pytest.mark.parametrize("dims", ["small"] if INTERPRET else ["flash", "small"])
+def test_fp8_dot_topk_against_the_torch_path(dims, T, select, integer):
+    # Key counts 0, 1, K - 1, K, K + 1 and all (n_keys): every count at every token count (fewer tokens
+    # than counts: one call per rotation). 1 token: a run of 8 blocks a score program, 3: 3 (partial
+    # last runs), else topk_config's. Both selects, each run dtype.
+    ih, idim, k = FP8_DOT_DIMS[dims]
+    n_keys = 300 if INTERPRET else 4000
+    counts = [0, 1, k - 1, k, k + 1, n_keys]
+    change = {"blocks": {1: 8, 3: 3}[T]} if T in (1, 3) else {}
+    for dtype in DTYPES:
+        for shift in range(len(counts) if T < len(counts) else 1):
+            nv = [counts[(i + shift) % len(counts)] for i in range(T)]
+            case = fp8_dot_case(nv, n_keys, dtype, seed=50 + T + shift, integer=integer, ih=ih, idim=idim)
+            check_fp8_dot_topk(case, n_keys, k, _config(T, n_keys, select=select, **change), exact=integer)
+
+
 # ------------------------------------------------------------------ quantizing kernels: kv row, compressors
 
 
@@ -351,18 +467,23 @@ def test_fp8_kernels_replay_in_a_cuda_graph(ratio):
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="runtime.kernels=triton needs a CUDA device")
+@pytest.mark.parametrize("indexer_q", ["bf16", "e4m3"])
 @pytest.mark.parametrize("mode", ["eager", "full_and_breakable"])
-def test_tiny_run_with_fp8_caches_triton_matches_torch(mode):
+def test_tiny_run_with_fp8_caches_triton_matches_torch(mode, indexer_q):
     # tiny dims with 64-dim nope blocks (D = 72), fp32: every kernel with FP8 caches against the torch path
     # with FP8 caches, and the full graph's replay. Both quantize the same rows; where a value sits within fp32
     # noise of an e4m3 midpoint the two round apart (docstring), hence check.py's FP8-cache tolerance.
+    # indexer_q=e4m3: the indexers' FP8 dots in the layers and their graphs. Their accumulation may flip a
+    # borderline pick against the torch path (docstring), so here the top-K keeps every entry (128 = max_len / 4):
+    # the picks are the kernel tests' business, this is the setting's path through the stack.
     from tp_runtime.config import load_config
     from tp_runtime.engine.entry import in_process
     from tp_runtime.verify.check import FP8_CACHE_TOLERANCES, max_rel_err
     from conftest import TINY_PATH as TINY
 
     base = ["parallel.tp=1", "parallel.launcher=local", "runtime.device=cuda", "workload.requests=4",
-            "model.head_dim=72", "model.qk_rope_head_dim=8", "runtime.cache_format=fp8"]
+            "model.head_dim=72", "model.qk_rope_head_dim=8", "runtime.cache_format=fp8",
+            f"runtime.indexer_q={indexer_q}"] + (["model.index_topk=128"] if indexer_q == "e4m3" else [])
     tri = in_process(load_config(TINY, base + ["runtime.kernels=triton", f"graph.mode={mode}"]), keep_outputs=True)
     ref = in_process(load_config(TINY, base + ["runtime.kernels=torch", "graph.mode=eager"]), keep_outputs=True)
     assert tri.kernels == "triton" and ref.kernels == "torch"

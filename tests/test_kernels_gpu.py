@@ -13,7 +13,9 @@ Tolerances (relative error of each token's output row, ||a - b|| / ||b||):
 - top-K: with integer-valued inputs every score is exact on both paths, so the index sets must be
   identical, ties included (broken to the lower index). With float inputs the two paths may round
   a score differently by an ulp, so a pick may differ only where the two scores lie within 1e-5
-  (relative) of the K-th score.
+  (relative) of the K-th score. The same holds with q rounded to e4m3 (q_fp8, runtime.indexer_q=e4m3)
+  over keys in q's dtype: the kernel rounds q exactly as the torch path's round_keys (exact in q's dtype)
+  and keeps its dot. Over FP8 keys q_fp8 is an FP8 dot: tests/test_fp8_cache_gpu.py.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import ring_index
 from tp_runtime.ops import torch_path
+from tp_runtime.ops.cache_fp8 import round_keys
 
 triton = pytest.importorskip("triton")
 
 pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
-from tp_runtime.ops.indexer_topk import TopkConfig, indexer_topk, topk_config
+from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config
 from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink
 
 FLASH = ModelConfig()  # the released Flash dims are the defaults
@@ -235,10 +238,11 @@ def _scores(q, w, keys, slot, n_keys):
     return torch.einsum("thn,th->tn", logits, w.float()) * (q.shape[2] ** -0.5 * q.shape[1] ** -0.5)
 
 
-def check_topk(case, n_keys: int, k: int, exact: bool, config: TopkConfig | None = None):
+def check_topk(case, n_keys: int, k: int, exact: bool, config: TopkConfig | None = None, q_fp8: bool = False):
     q, w, keys, slot, nv = case
-    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k)
-    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config)
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k, q_fp8=q_fp8)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config, q_fp8=q_fp8)
+    q = round_keys(q) if q_fp8 else q  # the query the scores are of
     assert got.shape == ref.shape and got.dtype == ref.dtype
     n = torch.minimum(nv, torch.tensor(n_keys, device=DEV)).clamp(max=ref.shape[1])
     for t in range(len(nv)):
@@ -331,6 +335,36 @@ def test_topk_shapes_and_small_heads():
                128, 8, exact=True)
     q, w, keys, slot, nv = topk_case([3], 16, torch.float32, seed=6, integer=True)
     assert indexer_topk(q, w, keys, slot, nv, 0, 512).shape == (1, 0)
+
+
+# runtime.indexer_q=e4m3 with keys in q's dtype: the kernel rounds each head's q (cache_fp8's integer-exact
+# helpers) and keeps its dot. Dims: Flash's, and small ones with padded heads (8 of BLOCK_H 16) and dims (48
+# of BLOCK_D 64); (Ih, Id) pairs with Id 32..128 in the interpreter.
+Q_FP8_DIMS = [(16, 32), (16, 48), (16, 128)] if INTERPRET else [(64, 128), (8, 48)]
+
+
+@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("ih,idim", Q_FP8_DIMS)
+def test_topk_q_fp8_picks_and_scores_of_the_rounded_query(ih, idim, select):
+    # Float inputs (the rounding moves q: the picks differ from the unrounded ones): the same picks as the
+    # torch path with q_fp8 but for near-ties of the K-th score, and the score kernel's scores those of
+    # round_keys(q) within float summation noise (a query rounded otherwise moves them by ~1e-2).
+    n_keys, k = (300, 16) if INTERPRET else (4000, 512)
+    nv = [300, 64] if INTERPRET else [4000, 3000, 512, 513, 1, 0, 2047, 600]
+    for dtype in DTYPES:
+        case = topk_case(nv, n_keys, dtype, seed=40 + idim, integer=False, n_heads=ih, dim=idim)
+        cfg = _config(len(nv), n_keys, select=select)
+        check_topk(case, n_keys, k, exact=False, config=cfg, q_fp8=True)
+        q, w, keys, slot, nv_t = case
+        got = indexer_scores(q, w, keys, slot, nv_t, n_keys, q_fp8=True, config=cfg)
+        ref, plain = (_scores(x, w, keys, slot, n_keys) for x in (round_keys(q), q))
+        for t, m in enumerate(min(n, n_keys) for n in nv):
+            if m:
+                top = float(ref[t, :m].abs().max())
+                assert float((got[t, :m] - ref[t, :m]).abs().max()) <= 1e-5 * top, (dtype, t)
+                assert m < 10 or float((plain[t, :m] - ref[t, :m]).abs().max()) > 1e-3 * top  # rounding matters
+    check_topk(topk_case(nv, n_keys, DTYPES[0], seed=41, integer=True, n_heads=ih, dim=idim), n_keys, k, exact=True,
+               config=_config(len(nv), n_keys, select=select), q_fp8=True)  # integers: rounding exact, exact ties
 
 
 @pytest.mark.skipif(INTERPRET, reason="prefill-sized batch: slow in the interpreter")

@@ -9,6 +9,7 @@ import torch
 
 from tp_runtime.config import load_config
 from tp_runtime.model.rope import RotaryTable, inv_frequencies, yarn_correction_range
+from tp_runtime.ops.cache_fp8 import quantize_keys, round_keys
 from tp_runtime.ops.torch_path import apply_rotary, indexer_topk, sparse_attention
 from tp_runtime.verify.reference import _frequencies
 from conftest import TINY_PATH as TINY
@@ -77,6 +78,28 @@ def test_indexer_topk_masks_and_breaks_ties_low():
     assert picks.tolist() == [[3, 1]]  # entry 4 is invalid (s >= 4); 1 and 2 tie, the lower wins
     picks = indexer_topk(q, w, keys, torch.tensor([0]), torch.tensor([1]), 5, 3)
     assert picks.tolist() == [[0, -1, -1]]  # fewer valid entries than K: the rest are empty
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fp8_keys", [False, True])
+def test_indexer_topk_q_fp8_scores_the_query_rounded_as_a_key(dtype, fp8_keys):
+    # runtime.indexer_q=e4m3: the twin with q_fp8 is the unflagged twin on round_keys(q), exactly (each
+    # (token, head) vector to e4m3 with its own power-of-two scale, in q's dtype), over plain or FP8 keys.
+    g = torch.Generator().manual_seed(1)
+    T, Ih, Id, N = 5, 4, 32, 300
+    q = (torch.randn(T, Ih, Id, generator=g) * torch.logspace(-3, 3, T)[:, None, None]).to(dtype)
+    q[0, 1] = 0.0  # a zero head: scale 1, codes 0
+    w = torch.randn(T, Ih, generator=g).to(dtype)
+    keys = torch.randn(3, N, Id, generator=g).to(dtype)
+    keys = quantize_keys(keys) if fp8_keys else keys
+    slot, nv = torch.tensor([0, 1, 2, 1, 0]), torch.tensor([300, 0, 7, 64, 250])
+    rq = round_keys(q)
+    assert rq.dtype == dtype and torch.equal(round_keys(rq), rq)  # exact in q's dtype: a rounded q stays put
+    args = (w, keys, slot, nv, N, 16)
+    got, plain = indexer_topk(q, *args, q_fp8=True), indexer_topk(q, *args)
+    assert torch.equal(got, indexer_topk(rq, *args))
+    assert torch.equal(indexer_topk(q, *args, q_fp8=False), plain)
+    assert not torch.equal(got, plain)  # the rounding changes some picks
 
 
 

@@ -15,9 +15,10 @@ import torch
 
 from tp_runtime.config import load_config
 from tp_runtime.engine.entry import in_process
+from tp_runtime.engine.report import run_record
 from tp_runtime.engine.scheduler import Scheduler
 from tp_runtime.engine.workload import build_workload
-from tp_runtime.verify.check import TOLERANCES, compare, max_rel_err, reference_outputs
+from tp_runtime.verify.check import FP8_CACHE_TOLERANCES, TOLERANCES, compare, max_rel_err, reference_outputs
 from conftest import TINY_PATH as TINY, last_json, run_cli
 
 SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
@@ -70,6 +71,30 @@ def test_slot_reuse_leaves_outputs_unchanged(scenario, tp1):
     one_slot = copy.deepcopy(scenario)
     one_slot.runtime.max_seqs = 1  # every request reuses slot 0 after the previous one
     assert max_rel_err(in_process(one_slot, keep_outputs=True).outputs, tp1.outputs) < TOL
+
+
+def test_e4m3_indexer_queries_match_the_rounding_reference(scenario, tp1):
+    # runtime.indexer_q=e4m3: the indexers score queries rounded to e4m3; the oracle rounds them where the run
+    # does. No query element lands within float32 noise of an e4m3 midpoint here (measured 5.5e-7), so the
+    # float32 bound holds (check.py allows FP8_CACHE_TOLERANCES for such flips); the unrounded oracle, like
+    # the bf16-query run, is off by the picks the rounding changes (measured 0.17).
+    cfg = copy.deepcopy(scenario)
+    cfg.runtime.indexer_q = "e4m3"
+    res = in_process(cfg, keep_outputs=True)
+    assert len(res.outputs) == 6 and not res.rejected
+    assert max_rel_err(res.outputs, reference_outputs(cfg, list(res.outputs))) < TOL
+    assert max_rel_err(res.outputs, reference_outputs(cfg, list(res.outputs), indexer_q="bf16")) > 1e-2
+    assert max_rel_err(res.outputs, tp1.outputs) > 1e-2
+    assert run_record(cfg, res)["indexer_q"] == "e4m3" and run_record(scenario, tp1)["indexer_q"] == "bf16"
+
+
+def test_check_command_with_e4m3_indexer_queries():
+    proc = run_cli(["check", TINY, "parallel.tp=2", "parallel.launcher=local", "runtime.indexer_q=e4m3", *SCENARIO],
+                   timeout_s=300)
+    rec = last_json(proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rec["ok"] and rec["comparisons"]["vs_reference"]["tol"] == FP8_CACHE_TOLERANCES["float32"]
+    assert rec["comparisons"]["vs_reference"]["max_rel_err"] < TOL  # no midpoint flip in this scenario
 
 
 @pytest.mark.parametrize("tp", [2, 4])

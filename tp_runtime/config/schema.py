@@ -118,6 +118,11 @@ class RuntimeConfig:
     # (584 bytes at Flash dims), indexer keys 128 e4m3 values and an fp32 scale (132 bytes); every stored
     # row is rounded so before attention reads it. CUDA only; the compressor state rings stay fp32.
     cache_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
+    # The lightning indexer's query (ratio-4 layers). bf16: scored as projected, in the run dtype. e4m3: each
+    # head's query rounded to e4m3 with one power-of-two scale, as an FP8 indexer key is stored, as DeepSeek's
+    # and vLLM's indexers do; with cache_format=fp8 the Triton score kernel then runs FP8 dots on the stored key
+    # codes (ops/indexer_topk.py). Any device and kernels; it changes which keys score highest, by the rounding.
+    indexer_q: str = field(default="bf16", metadata=_choices("bf16", "e4m3"))
     # Stage-B kernels: torch (the plain path, the semantics, any device) | triton (fused kernels of
     # tp_runtime/ops/, CUDA only) | auto (triton on CUDA when it imports and the dtype is not float64,
     # else torch). The resolved choice is named in every run report and bench record.

@@ -38,6 +38,7 @@ def run_record(cfg: RunConfig, res: RunResult, command: str = "run") -> dict:
         "weight_format": cfg.runtime.weight_format,
         "fp8_activations": cfg.runtime.fp8_activations,
         "cache_format": cfg.runtime.cache_format,
+        "indexer_q": cfg.runtime.indexer_q,
         "cache_bytes_per_rank": cache_bytes_per_rank(cfg, res.dtype),
         "kernels": res.kernels,
         "kernels_requested": cfg.runtime.kernels,

@@ -59,7 +59,7 @@ class ModelShard:
         backend = select_backend(rt.kernels, device, dtype, pdl=pdl)
         stack = AttentionStack(cfg.model, tp, rt.max_len, dtype, device, backend, fp8=uses_fp8_weights(cfg, device),
                                fp8_cache=uses_fp8_cache(cfg, device), round_x=rt.fp8_activations == "e4m3",
-                               streams=rt.streams)
+                               streams=rt.streams, indexer_q_fp8=rt.indexer_q == "e4m3")
         load_report = fill_weights(stack, cfg.model.checkpoint, rt.seed)
         # This rank's parameter bytes as held (FP8 values and scale bytes, or the run dtype): load_param_bytes.
         load_report.setdefault("param_bytes", sum(p.numel() * p.element_size() for p in stack.parameters()))

@@ -7,6 +7,8 @@ its own branch: DSV4Attention.stage_b), lets the compressor emit keys, scores ev
 selects the top K. The reference's Hadamard rotation of query and keys cancels in their dot product, and
 its FP4 simulation vanishes in exact arithmetic: both are skipped. With FP8 caches the keys are stored as
 e4m3 with one fp32 scale each and the scores read them so (the rounded keys), as the released model does.
+With runtime.indexer_q=e4m3 the scores also round each head's query the same way (FP8 keys: an FP8 dot), as
+DeepSeek's and vLLM's indexers do.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Indexer(nn.Module):
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, self.n_heads * self.head_dim, dtype, device, backend, fp8)
         self.compressor = Compressor(4, self.head_dim, cfg.rms_norm_eps, dtype, device, backend, store="key")
         self.backend = backend
+        self.q_fp8 = False  # runtime.indexer_q=e4m3: scores of q rounded to e4m3 per head (set by AttentionStack)
 
     def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None) -> torch.Tensor:
         """The query before rotary, qr [T, Rq] (through qr_norm first, if given) -> [T, Ih, Id]: a fresh
@@ -45,4 +48,4 @@ class Indexer(nn.Module):
         n = b.n_tokens
         n_keys = (b.max_pos + 1) // 4  # entries any token of this step may see (host bound)
         return self.backend.indexer_topk(q[:n], w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n],
-                                         n_keys, self.topk)
+                                         n_keys, self.topk, q_fp8=self.q_fp8)

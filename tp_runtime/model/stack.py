@@ -20,6 +20,7 @@ from tp_runtime.config import ModelConfig
 from tp_runtime.model.attention import DSV4Attention
 from tp_runtime.model.batch import LiveBatch
 from tp_runtime.model.cache import LayerCache, allocate_layer_cache
+from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import Linear, RMSNorm
 from tp_runtime.model.step_index import IndexPlan
 from tp_runtime.model.streams import SideStream
@@ -42,13 +43,15 @@ class Block(nn.Module):
 class AttentionStack(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup, max_len: int, dtype: torch.dtype, device: torch.device,
                  backend: KernelBackend | None = None, fp8: bool = False, fp8_cache: bool = False,
-                 round_x: bool = False, streams: int = 1):
+                 round_x: bool = False, streams: int = 1, indexer_q_fp8: bool = False):
         """backend: the kernels of every layer, chosen once (ops/select.py `select_backend`; default torch);
         fp8: the released FP8 matrices stay FP8 with their block scales (runtime.weight_format=fp8);
         round_x: FP8 GEMMs round x to e4m3 per 1 x 128 block (runtime.fp8_activations=e4m3, ops/fp8_gemm.py);
         fp8_cache: caches in the released FP8 layouts (runtime.cache_format=fp8; the layers follow the
         caches they are given); streams: 2 runs each compressed layer's compressor and indexer branch on a
-        side stream, made here once and shared by the layers (CUDA only: elsewhere everything runs on one)."""
+        side stream, made here once and shared by the layers (CUDA only: elsewhere everything runs on one);
+        indexer_q_fp8: the indexers score each head's query rounded to e4m3 (runtime.indexer_q=e4m3,
+        ops/indexer_topk.py)."""
         super().__init__()
         assert streams in STREAMS, streams
         backend = backend if backend is not None else TorchBackend()
@@ -66,6 +69,8 @@ class AttentionStack(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear) and m.fp8:
                 m.round_x = round_x
+            if isinstance(m, Indexer):
+                m.q_fp8 = indexer_q_fp8
         # True while a profiler view counts kernels per layer: each layer's launches (its attention, its
         # residual add and the next attn_norm) run inside a named range "layer I ratio R". Host-side only:
         # nothing on the GPU changes, and a captured graph holds the same kernels either way.

@@ -216,6 +216,28 @@ def load_keys(ptr, d, ok, ID: tl.constexpr):
 
 
 @jit
+def load_key_codes(ptr, d, ok, ID: tl.constexpr):
+    """The e4m3 values of indexer keys read in place, left encoded (load_keys' pointers and masks) -> [N, BLOCK_D]
+    tl.float8e4nv, zero where not ok or d >= ID: what an FP8 dot takes (a key is these times its scale).
+    Loaded through an e4m3 pointer, not as bytes bit-cast after the load, so that the compiler's async copy
+    writes them straight into the MMA's shared-memory operand (a cast between would route them through
+    registers)."""
+    cp = ptr.to(tl.pointer_type(tl.float8e4nv))[:, None] + d[None, :]
+    return tl.load(cp, mask=ok[:, None] & (d < ID)[None, :], other=0.0)
+
+
+@jit
+def quantize_vectors(x):
+    """x [M, BLOCK_D] (zero past the vector's dims) -> (e4m3 codes [M, BLOCK_D] as tl.float8e4nv, exponents k
+    [M] int32): each row divided by its power-of-two scale 2^k and rounded as store_key rounds a key (the
+    bytes of quantize_keys, bit for bit); a row is codes * 2^k."""
+    xf = x.to(tl.float32)
+    k = pow2_exp(tl.max(tl.abs(xf), axis=1))  # [M]
+    codes = e4m3_encode(tl.minimum(tl.maximum(xf * exp2_int(-k)[:, None], -448.0), 448.0))
+    return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True), k
+
+
+@jit
 def store_key(ptr, y, ID: tl.constexpr, BLOCK_D: tl.constexpr):
     """One indexer key y [BLOCK_D] fp32 (dims >= ID ignored) into ID + 4 bytes at uint8 pointer ptr."""
     d = tl.arange(0, BLOCK_D)

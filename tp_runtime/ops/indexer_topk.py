@@ -36,6 +36,26 @@ With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel read
 fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
 registers (exact in q's dtype).
 
+q_fp8 (runtime.indexer_q=e4m3, as DeepSeek's and vLLM's indexers): the score is that of q rounded as a key is
+stored, each head's q[t, h] to e4m3 with one power-of-two scale qs[h] (cache_fp8's rule and integer-exact
+helpers, so the interpreter, the GPU and `cache_fp8.round_keys` agree bit for bit), rounded once a program
+(`_round_q`). With keys in q's dtype the rounded q (exact there) takes the same dot as an unrounded one.
+With FP8 keys both sides are e4m3: as the scales are positive, relu(qs * ks * dot) = qs * ks * relu(dot), so
+the kernel runs the FP8 dot of q's codes [BLOCK_H, Id] and the key codes [BLOCK_N, Id] as stored (loaded
+through an e4m3 pointer: the async copies write them into the MMA's shared-memory operand, K-major as the
+FP8 MMA needs its B; no decode in registers) with fp32 accumulation (on sm_90 wgmma e4m3 at Flash dims;
+below 64 heads a block, Triton's MMA v2 path, which widens both to f16 in registers: exact too), and
+
+    score[n] = ks[n] * sum_h (w[h] * qs[h]) * relu(dot[h, n]) * scale.
+
+The keys' scales of a program's run load once before its loop ([BLOCKS_P2, BLOCK_N]: only a dot's operands
+are copied ahead asynchronously). Products of two e4m3 values are exact in fp32, so this differs from the
+decoded fp32 dot only by the accumulation: in order of summation, and on Hopper in precision (the FP8 MMA
+adds its Id products into an accumulator narrower than fp32, about 14 bits as DeepSeek-V3's report measured;
+tests/test_fp8_cache_gpu.py states the bound it is held to).
+Picks may then differ from the torch path's only where two scores lie within that bound of each other.
+Triton's interpreter runs the FP8 dot on the decoded values with fp32 sums.
+
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
 it). Their order differs from the torch path's (by score there; here the keys of higher first-digit bins
 by index, then those of the threshold bin by index); the sets are the same. -0.0 and +0.0 count as equal,
@@ -56,7 +76,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.cache_fp8 import load_keys
+from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, load_keys, quantize_vectors
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 
 
@@ -72,9 +92,9 @@ def _score_kernel(
     out_ptr, s_out,  # FUSED: [T, K] long
     n_keys, K, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCKS: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    FUSED: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr,
-    CHUNK: tl.constexpr, PDL: tl.constexpr,
+    BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
+    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, FUSED: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
+    LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     run = tl.program_id(1)
@@ -87,17 +107,20 @@ def _score_kernel(
         qm = (h < IH)[:, None] & (d < ID)[None, :]
         q = tl.load(q_ptr + t * sq_t + h[:, None] * sq_h + d[None, :], mask=qm, other=0.0)  # [BLOCK_H, BLOCK_D]
         w = tl.load(w_ptr + t * sw_t + h, mask=h < IH, other=0.0).to(tl.float32)  # [BLOCK_H]
+        if Q_FP8:  # runtime.indexer_q=e4m3: each head's q rounded once for the run (FP8 keys: q becomes codes)
+            q, w = _round_q(q, w, FP8)
         base = k_ptr + tl.load(slot_ptr + t) * sk_slot
+        if FP8 and Q_FP8:  # the run's key scales, loaded once: the loop's only loads are the key codes
+            run_scales = _run_key_scales(base, start, n, sk_row, ID, BLOCKS, BLOCKS_P2, BLOCK_N, ROW_ALIGN)
         for b0 in range(start, tl.minimum(start + BLOCK_N * BLOCKS, n), BLOCK_N):
             s = b0 + tl.arange(0, BLOCK_N)
             km = s < n
             row = base + tl.multiple_of(s.to(tl.int64) * sk_row, ROW_ALIGN)  # [BLOCK_N] row pointers
-            if FP8:  # e4m3 bytes times each key's fp32 scale (exact in q's dtype)
-                k = load_keys(row, d, km, ID).to(q_ptr.dtype.element_ty)
+            if FP8 and Q_FP8:
+                k_scale = _block_row(run_scales, (b0 - start) // BLOCK_N)  # [BLOCK_N]
+                score = _fp8_dot_scores(q, w, row, d, km, ID) * k_scale * scale  # [BLOCK_N]
             else:
-                k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
-            logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
-            score = tl.sum(logits * w[:, None], axis=0) * scale  # [BLOCK_N]
+                score = _dot_scores(q, w, row, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
             if FUSED:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
                 digit = (_order_key(score) >> (32 - HI_BITS)).to(tl.int32)
@@ -115,6 +138,60 @@ def _score_kernel(
             if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == arrivals - 1:
                 _select_token(score_ptr + t * s_score, hist_ptr + t * s_hist, cand_ptr + t * s_cand,
                               out_ptr + t * s_out, n, K, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
+
+
+@jit
+def _round_q(q, w, FP8: tl.constexpr):
+    """q [BLOCK_H, BLOCK_D] with each head's vector rounded as cache_fp8.quantize_keys rounds a key (one
+    power-of-two scale qs per head, values to nearest e4m3), and w [BLOCK_H] fp32 -> FP8 keys: (the e4m3
+    codes, w * qs), as the scales are positive and relu(qs * ks * dot) = qs * ks * relu(dot); else: (the
+    rounded q in q's dtype, exact, w)."""
+    codes, k = quantize_vectors(q)  # [BLOCK_H, BLOCK_D] e4m3, [BLOCK_H] int32
+    if FP8:
+        q, w = codes, w * exp2_int(k)
+    else:
+        q = (codes.to(tl.float32) * exp2_int(k)[:, None]).to(q.dtype)
+    return q, w
+
+
+@jit
+def _dot_scores(q, w, row, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
+    """sum_h w[h] * relu(q[h] . key[n]) [BLOCK_N] for the keys at row pointers row [BLOCK_N] (km: valid), in
+    q's dtype on the tensor cores; FP8 keys decoded in registers (e4m3 times the key's scale: exact)."""
+    if FP8:
+        k = load_keys(row, d, km, ID).to(q.dtype)
+    else:
+        k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
+    logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
+    return tl.sum(logits * w[:, None], axis=0)
+
+
+@jit
+def _fp8_dot_scores(q_codes, w, row, d, km, ID: tl.constexpr):
+    """sum_h w[h] * relu(q_codes[h] . codes[n]) [BLOCK_N]: the FP8 dot of the e4m3 q codes [BLOCK_H, BLOCK_D]
+    and the keys' e4m3 codes as stored (no decode in registers: the async copies feed the MMA), fp32
+    accumulation. Times each key's scale, the score of the rounded q and key."""
+    k_codes = load_key_codes(row, d, km, ID)  # [BLOCK_N, BLOCK_D] e4m3 (K-major: the MMA's B as it needs it)
+    logits = tl.maximum(tl.dot(q_codes, tl.trans(k_codes), out_dtype=tl.float32), 0.0)  # [BLOCK_H, BLOCK_N]
+    return tl.sum(logits * w[:, None], axis=0)
+
+
+@jit
+def _run_key_scales(base, start, n, sk_row, ID: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr):
+    """The fp32 scales of a run's FP8 keys [BLOCKS_P2, BLOCK_N] (block j's in row j; zero at and past n and
+    in rows j >= BLOCKS): one load before the loop (a scale load per block would be a synchronous load: only
+    the dot's operands are copied ahead asynchronously)."""
+    j = tl.arange(0, BLOCKS_P2)[:, None]
+    s = start + j * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    ptr = base + tl.multiple_of(s.to(tl.int64) * sk_row, [ROW_ALIGN, ROW_ALIGN]) + ID
+    return tl.load(ptr.to(tl.pointer_type(tl.float32)), mask=(s < n) & (j < BLOCKS), other=0.0)
+
+
+@jit
+def _block_row(x, j):
+    """Row j of x [R, C] -> [C] (exact: the other rows add zeros)."""
+    return tl.sum(tl.where(tl.arange(0, x.shape[0])[:, None] == j, x, 0.0), axis=0)
 
 
 @jit
@@ -291,42 +368,68 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                 n_keys: int, k: int, config: TopkConfig | None = None, pdl: bool = False) -> torch.Tensor:
+                 n_keys: int, k: int, config: TopkConfig | None = None, pdl: bool = False,
+                 q_fp8: bool = False) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
     q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
     n_valid [T]: token t may pick
     s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first.
     pdl: every launch with programmatic dependent launch (resolve_pdl; bitwise the same picks).
+    q_fp8: each head's q rounded to e4m3 first (runtime.indexer_q=e4m3; with FP8 keys the FP8 dot).
     The signature and meaning of `torch_path.indexer_topk` (and config, pdl).
     """
-    T, ih, idim = q.shape
+    T = q.shape[0]
     k = min(k, n_keys)
     out = torch.empty(T, k, dtype=torch.long, device=q.device)
     if k == 0 or T == 0:
         return out.fill_(-1)
-    assert q.stride(2) == 1 and keys.stride(2) == 1
     cfg = config or topk_config(T, n_keys, sm_count(q.device))
     assert cfg.select in SELECTS, cfg.select
-    fused = cfg.select == "fused"
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
-    if fused:  # the first digit's bins and the arrival count: zeroed in the stream, before the score kernel
+    if cfg.select == "fused":  # the first digit's bins and the arrival count: zeroed in the stream, first
         hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
         cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, (hist, cand, out))
     else:
-        hist = cand = scores  # not read
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, None)
+        _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
+                             CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
+    return out
+
+
+def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
+                   n_keys: int, q_fp8: bool = False, config: TopkConfig | None = None) -> torch.Tensor:
+    """The score kernel alone (indexer_topk's arguments): I[t, s] [T, n_keys] fp32, written for
+    s < min(n_valid[t], n_keys) only (the rest is left as allocated). For tests and benchmarks."""
+    T = q.shape[0]
+    scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
+    if T and n_keys:
+        cfg = config or topk_config(T, n_keys, sm_count(q.device))
+        _launch_scores(q, w, keys, slot, n_valid, 0, cfg, False, q_fp8, scores, None)  # k: read by selects only
+    return scores
+
+
+def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
+                   k: int, cfg: TopkConfig, pdl: bool, q_fp8: bool, scores: torch.Tensor,
+                   fused: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+    """The score kernel into scores [T, n_keys]; fused = (bins, list, picks [T, k]) selects in the same launch."""
+    T, ih, idim = q.shape
+    n_keys = scores.shape[1]
+    assert q.stride(2) == 1 and keys.stride(2) == 1
+    fp8 = keys.dtype == torch.uint8
+    hist, cand, out = fused if fused is not None else (scores, scores, scores)  # not read unless fused
     block_h = max(16, triton.next_power_of_2(ih))
-    block_d = max(16, triton.next_power_of_2(idim))
+    # The FP8 dot takes 32 e4m3 values of K an instruction (wgmma): Id below 32 is masked up to it.
+    block_d = max(32 if fp8 and q_fp8 else 16, triton.next_power_of_2(idim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _score_kernel[(T, triton.cdiv(n_keys, cfg.block_n * cfg.blocks))](
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
         scores, scores.stride(0), hist, hist.stride(0), cand, cand.stride(0), out, out.stride(0),
         n_keys, k, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
-        PRECISION=precision, FP8=keys.dtype == torch.uint8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
-        FUSED=fused, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits),
-        CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps, num_stages=2, launch_pdl=pdl)
-    if not fused:
-        _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                             CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
-    return out
+        BLOCKS_P2=triton.next_power_of_2(cfg.blocks),
+        PRECISION=precision, FP8=fp8, Q_FP8=q_fp8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
+        FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
+        LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=2, launch_pdl=pdl)

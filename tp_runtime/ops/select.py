@@ -67,8 +67,9 @@ class KernelBackend(Protocol):
         """A compressor's stage B: completed entries into out, the step's rows into the state rings."""
 
     def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
-                     n_valid: torch.Tensor, n_keys: int, k: int) -> torch.Tensor:
-        """The top-k indexer keys per token [T, min(k, n_keys)], -1 where none."""
+                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
+        """The top-k indexer keys per token [T, min(k, n_keys)], -1 where none; q_fp8: scored with each head's q
+        rounded to e4m3 as a key is stored (runtime.indexer_q=e4m3)."""
 
     def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,

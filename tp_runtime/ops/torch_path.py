@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows
+from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows, round_keys
 from tp_runtime.ops.fp8_gemm import fp8_gemm_torch
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.linear import fp8_linear_torch
@@ -89,14 +89,17 @@ def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, ix: "RingIndex") -> 
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                 n_keys: int, k: int) -> torch.Tensor:
+                 n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
     q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys, read
     dequantized), slot [T] each token's cache slot; token t may pick s < n_valid[t].
     I[t, s] = sum_h w[t, h] * Id^-0.5 * Ih^-0.5 * relu(q[t, h] . k[s]). Ties go to the lower index
-    (stable sort) so that every implementation picks the same set.
+    (stable sort) so that every implementation picks the same set. q_fp8 (runtime.indexer_q=e4m3): the score
+    of q with each head's vector rounded as an FP8 key is stored (round_keys: e4m3, one power-of-two scale).
     """
+    if q_fp8:
+        q = round_keys(q)
     n_tok, n_heads, dim = q.shape
     k = min(k, n_keys)
     out = torch.full((n_tok, k), -1, dtype=torch.long, device=q.device)

@@ -6,7 +6,8 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     rotary            ops/rope.py              the indexer query alone (the overlapped schedule's side branch)
     compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
     indexer_topk      ops/indexer_topk.py      scores + radix-select top-K (up to 8 tokens one launch after a memset
-                                               of its bins, else a score and a select launch)
+                                               of its bins, else a score and a select launch); with q_fp8 and FP8
+                                               keys the scores are FP8 dots
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
                                                ops/fp8_gemm_table.py); x as given: ops/linear.py
@@ -114,8 +115,8 @@ class TritonBackend:
         compress_pool(kv, score, ape, weight, eps, blk, ring, state, out, store, **self._kw())
 
     def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
-                     n_valid: torch.Tensor, n_keys: int, k: int) -> torch.Tensor:
-        return indexer_topk(q, w, keys, slot, n_valid, n_keys, k, **self._kw())
+                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
+        return indexer_topk(q, w, keys, slot, n_valid, n_keys, k, q_fp8=q_fp8, **self._kw())
 
     def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,

@@ -8,7 +8,9 @@ With FP8 caches (cache_format="fp8") the oracle rounds what the runtime stores, 
 the released model simulates it: each attention row's nope dims (the kv row after rotary and each
 compressed entry) in blocks of 64 to e4m3 with a power-of-two scale, its rope dims to bf16; each indexer
 key whole to e4m3 with one power-of-two scale. Written here from the spec (the scale 2^ceil(log2(amax /
-448)), torch's e4m3 cast), not from ops/cache_fp8.py's bit operations.
+448)), torch's e4m3 cast), not from ops/cache_fp8.py's bit operations. With runtime.indexer_q=e4m3
+(indexer_q="e4m3") it rounds each head's indexer query (after rotary) the same way, where the run's indexer
+rounds it before scoring.
 """
 
 from __future__ import annotations
@@ -111,12 +113,14 @@ def _compress(x: torch.Tensor, w: Weights, p: str, r: int, dim: int, eps: float,
 
 
 def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool = False,
-                  round_x: bool = False) -> torch.Tensor:
-    """[L, L // 4] bool: the top-K valid compressed entries of each token (ties: lower index)."""
+                  round_x: bool = False, round_q: bool = False) -> torch.Tensor:
+    """[L, L // 4] bool: the top-K valid compressed entries of each token (ties: lower index). round_q: each
+    head's query scored as an FP8 key is stored (e4m3, one power-of-two scale)."""
     L, Ih, Id = len(x), cfg.index_n_heads, cfg.index_head_dim
     pos = torch.arange(L, device=x.device)
     keys = _stored_key(_compress(x, w, a + "indexer.compressor.", 4, Id, cfg.rms_norm_eps, freqs), fp8)
     q = _rope((_act_round(qr, round_x) @ w[a + "indexer.wq_b.weight"].T).view(L, Ih, Id), pos, freqs)
+    q = _stored_key(q, round_q)
     hw = x @ w[a + "indexer.weights_proj.weight"].T  # [L, Ih]
     score = torch.einsum("th,ths->ts", hw, torch.relu(torch.einsum("thd,sd->ths", q, keys))) / math.sqrt(Id * Ih)
     valid = torch.arange(len(keys), device=x.device)[None] < ((pos + 1) // 4)[:, None]
@@ -128,10 +132,11 @@ def _indexer_mask(x, qr, w: Weights, a: str, cfg: ModelConfig, freqs, fp8: bool 
 
 
 def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: int,
-                        cache_format: str = "bf16", round_x: bool = False) -> torch.Tensor:
+                        cache_format: str = "bf16", round_x: bool = False, indexer_q: str = "bf16") -> torch.Tensor:
     """One layer on a whole sequence: x [L, hidden] (already attn_norm'ed) -> [L, hidden]. cache_format
     "fp8": cached rows and keys rounded as the FP8 caches store them; round_x: the inputs of the FP8 GEMMs
-    (wq_a, wkv, wq_b, indexer.wq_b, wo_a, wo_b) rounded to e4m3 as the released model's GEMMs round them."""
+    (wq_a, wkv, wq_b, indexer.wq_b, wo_a, wo_b) rounded to e4m3 as the released model's GEMMs round them;
+    indexer_q "e4m3": the indexer's query rounded as an FP8 key is stored (runtime.indexer_q)."""
     fp8, dr = cache_format == "fp8", cfg.qk_rope_head_dim
     a, r, eps = f"layers.{layer}.attn.", cfg.compress_ratios[layer], cfg.rms_norm_eps
     L, H, D, G = len(x), cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
@@ -146,7 +151,7 @@ def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: in
     if r:
         entries = _stored_row(_compress(x, w, a + "compressor.", r, D, eps, freqs), dr, fp8)
         if r == 4:
-            cmask = _indexer_mask(x, qr, w, a, cfg, freqs, fp8, round_x)
+            cmask = _indexer_mask(x, qr, w, a, cfg, freqs, fp8, round_x, indexer_q == "e4m3")
         else:
             cmask = torch.arange(len(entries), device=x.device)[None] < ((pos + 1) // r)[:, None]
         keys, mask = torch.cat((kv, entries)), torch.cat((mask, cmask), dim=1)
@@ -161,11 +166,11 @@ def reference_attention(x: torch.Tensor, w: Weights, cfg: ModelConfig, layer: in
 
 
 def reference_stack(x: torch.Tensor, w: Weights, cfg: ModelConfig, cache_format: str = "bf16",
-                    round_x: bool = False) -> torch.Tensor:
+                    round_x: bool = False, indexer_q: str = "bf16") -> torch.Tensor:
     """The selected layers with pre-norm and residual: inputs [L, hidden] -> final hidden [L, hidden]
-    (round_x: reference_attention's)."""
+    (round_x, indexer_q: reference_attention's)."""
     h = x
     for i in cfg.layer_ids():
         h = h + reference_attention(_rms(h, w[f"layers.{i}.attn_norm.weight"], cfg.rms_norm_eps), w, cfg, i,
-                                    cache_format, round_x)
+                                    cache_format, round_x, indexer_q)
     return h
