@@ -261,6 +261,7 @@ def test_bench_lanes_for_the_cache_format():
     assert split_mode("full@kv_fp8") == ("full", {"cache_format": "fp8"})
     assert split_mode("full@fp8+kv_bf16+triton") == (
         "full", {"weight_format": "fp8", "cache_format": "bf16", "kernels": "triton"})
+    assert split_mode("full@kv_fp8+iq_e4m3") == ("full", {"cache_format": "fp8", "indexer_q": "e4m3"})
     sweep = load_sweep(ROOT / "configs" / "bench_fp8_cache.yaml")
     assert sweep.grid["bench.batch"] == [1, 32, 128] and sweep.grid["bench.context"] == [4096, 32768]
     formats = [sweep.worker_config(1, sweep.variants()[0], mode).runtime for mode in sweep.modes]

@@ -43,15 +43,16 @@ MODES = {"eager": ("eager", "hoisted"), "breakable-wide": ("breakable", "wide"),
 # A mode may name settings after '@', joined by '+' ("full@fp8", "full@triton", "full@fp8+triton+nccl",
 # "full@kv_fp8"): a weight format (runtime.weight_format: bf16, fp8), stage-B kernels (runtime.kernels: torch,
 # triton), FP8 GEMMs rounding their activations (runtime.fp8_activations=e4m3: a8), a cache format
-# (runtime.cache_format: kv_bf16, kv_fp8) and / or the layer all-reduce (parallel.allreduce: nccl, symm_one_shot,
-# symm_two_shot), programmatic dependent launch (runtime.pdl: pdl_on, pdl_off) and the streams of stage B
-# (runtime.streams: streams1, streams2). Its lanes run on a shard of their own (at tp > 1 for the all-reduce),
-# interleaved with the other modes' lanes (bf16 vs fp8, torch vs triton, bf16 vs fp8 caches, auto vs nccl
-# all-reduce in one point).
+# (runtime.cache_format: kv_bf16, kv_fp8), the indexer's query (runtime.indexer_q: iq_bf16, iq_e4m3) and / or
+# the layer all-reduce (parallel.allreduce: nccl, symm_one_shot, symm_two_shot), programmatic dependent launch
+# (runtime.pdl: pdl_on, pdl_off) and the streams of stage B (runtime.streams: streams1, streams2). Its lanes
+# run on a shard of their own (at tp > 1 for the all-reduce), interleaved with the other modes' lanes (bf16 vs
+# fp8, torch vs triton, bf16 vs fp8 caches, auto vs nccl all-reduce in one point).
 LANE_SETTINGS = {"bf16": ("weight_format", "bf16"), "fp8": ("weight_format", "fp8"),
                  "torch": ("kernels", "torch"), "triton": ("kernels", "triton"),
                  "a8": ("fp8_activations", "e4m3"),
                  "kv_bf16": ("cache_format", "bf16"), "kv_fp8": ("cache_format", "fp8"),
+                 "iq_bf16": ("indexer_q", "bf16"), "iq_e4m3": ("indexer_q", "e4m3"),
                  "nccl": ("allreduce", "nccl"), "symm_one_shot": ("allreduce", "symm_one_shot"),
                  "symm_two_shot": ("allreduce", "symm_two_shot"),
                  "pdl_on": ("pdl", "on"), "pdl_off": ("pdl", "off"),
