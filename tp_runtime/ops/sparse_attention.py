@@ -15,7 +15,8 @@ This is what `torch_path.sparse_attention_sink` computes (candidates gathered, t
   `window.view(-1, D)[ring_row]`; `valid` masks positions before 0 (the window loop);
 - compressed rows come from `compressed[slot[t], idx]`; the count a token reads is min(C, n_done[t]),
   read from device memory, so the loop stops there (picks are packed: valid picks first, then -1) (the
-  compressed-row loop: one address per row; bf16 rows' next tile is prefetched, FP8 codes are not);
+  compressed-row loop: one address per row; the next tile's rows, or FP8 codes, are copied ahead, FP8
+  scale bytes, too small for an async copy, are plain loads);
 - each tile of BLOCK_N gathered rows feeds tensor-core dots as two halves of the head dim (s = q_lo . lo
   + q_hi . hi, then P @ lo and P @ hi), so that a value split may give each half to its own program;
 - the online softmax runs in fp32, in base 2 (the scale carries log2(e)), with the sink as the initial
