@@ -288,16 +288,17 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
         return _many_tokens(h16, n_cand, fp8)
     elif fp8 and n_cand >= 512:
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
-    elif fp8:  # split to fill the SMs twice where programs are few, else not at all
-        cfg = AttnConfig(16, 64, 8, 2, 0)
-        fill = 2 if n_tokens * triton.cdiv(n_heads, 16) * 2 <= n_sm else -1
+    elif fp8:  # split to fill the SMs twice where the programs fill under half of them, else not at all
+        cfg, fill = AttnConfig(16, 64, 8, 2, 0), 2
+        if n_tokens * triton.cdiv(n_heads, 16) * 2 > n_sm:
+            return cfg._replace(split_len=triton.cdiv(n_cand, 64) * 64)
     else:
         cfg, fill = AttnConfig(16, 32, 4, 3, 0), 1
     bn = cfg.block_n
     if fill == 0:  # as many programs as candidates allow, 64 candidates each
         return cfg._replace(split_len=max(64, bn))
     base = n_tokens * triton.cdiv(n_heads, cfg.block_h)
-    splits = 1 if fill < 0 or base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm * fill, base)))
+    splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm * fill, base)))
     return cfg._replace(split_len=triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn)
 
 
