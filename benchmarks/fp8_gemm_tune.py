@@ -75,16 +75,6 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
-    for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]) if bucket >= 8 else []:  # the MMA on bf16
-        for bn in (64, 128):  # upcasts, x read rounded by one launch first
-            if (n // groups) % bn:
-                continue
-            tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
-            base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
-            splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
-            for warps in ((4,) if bn == 64 else (4, 8)):
-                for stages in (3, 4, 5) if bm <= 32 else (3, 4):
-                    out += [Fp8GemmConfig("upcast", bm, bn, s, warps, stages, False) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
     return out

@@ -39,10 +39,10 @@ SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their le
 
 
 class Fp8GemmConfig(NamedTuple):
-    """One launch of the family: the MMA kernel on e4m3 ("triton") or on bf16 upcasts ("upcast"), the GEMV ("gemv":
-    M = 1, block_m 1, x rounded in its K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
+    """One launch of the family: the MMA kernel ("triton"), the GEMV ("gemv": M = 1, block_m 1, x rounded in its
+    K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
 
-    kernel: str  # "triton" | "upcast" | "gemv" | "scaled_mm"
+    kernel: str  # "triton" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block); the GEMV's 16 or 32
     splits: int  # programs over K (1: no partials)
@@ -82,21 +82,8 @@ def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch
     q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(triton.cdiv(k, BLOCK), mp, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(mp, 16), triton.cdiv(k, BLOCK))
-    _quantize_x_kernel[grid](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, ROUNDED=False, PDL=pdl, num_warps=4,
-                             launch_pdl=pdl)
+    _quantize_x_kernel[grid](x, q, s, m, mp, k, x.stride(0), BLOCK_R=16, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return q, s.t()
-
-
-def round_x(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x [M, K] -> xr [M, K] bf16: each 1 x 128 block rounded to e4m3 and multiplied back by its power-of-two
-    scale (exact in bf16: 3 mantissa bits, the exponent in bf16's range), the input of the "upcast" MMA; one
-    launch."""
-    m, k = x.shape
-    xr = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
-    grid = (triton.cdiv(m, 16), triton.cdiv(k, BLOCK))
-    _quantize_x_kernel[grid](x, xr, xr, m, m, k, x.stride(0), BLOCK_R=16, ROUNDED=True, PDL=pdl, num_warps=4,
-                             launch_pdl=pdl)
-    return xr
 
 
 def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
@@ -110,18 +97,14 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
-        c = c._replace(kernel="upcast" if c.kernel == "upcast" else "triton", quant_x=True)  # (one launch would not)
+        c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
         return y[:m].view(*x.shape[:-1], n)
-    upcast = c.kernel == "upcast"
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused
         sxm, sxk = 0, 0
-    elif upcast:
-        xq = round_x(x2, pdl)
-        xs, sxm, sxk = xq, 0, 0
     else:
         xq, xs = quantize_x(x2, pdl)
         sxm, sxk = xs.stride(0), xs.stride(1)
@@ -135,15 +118,15 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
     _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
                            xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
-                           UPCAST=upcast, BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
+                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
                            num_stages=c.num_stages, launch_pdl=pdl)
     return y.view(*x.shape[:-1], n)
 
 
 @jit
 def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_xsm,
-                     stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr, UPCAST: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                     stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [split*STEPS, (split+1)*STEPS).
     # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; x's scale is per row.
     # The tile's columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
@@ -173,22 +156,12 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
         w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0)
         x_at = x_ptr + rm[:, None] * stride_xm + (kb * 128 + rk)[None, :]
-        x_ok = m_ok[:, None] & k_ok[None, :]
-        ws = tl.exp2(wsb.to(tl.float32) - 127.0)
-        if UPCAST and QUANT_X:  # x's block rounded here, times both scales: exact in bf16
-            xq, xsc = round_block(tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32))
-            xb = (xq.to(tl.float32) * (xsc * ws)[:, None]).to(tl.bfloat16)
-            acc = tl.dot(w.to(tl.bfloat16), tl.trans(xb), acc)
-        elif UPCAST:  # x read rounded (bf16): the weight tile takes its scale
-            xb = tl.load(x_at, mask=x_ok, other=0.0)
-            acc = tl.dot((w.to(tl.float32) * ws).to(tl.bfloat16), tl.trans(xb), acc)
+        if QUANT_X:
+            xq, xsc = round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))
         else:
-            if QUANT_X:
-                xq, xsc = round_block(tl.load(x_at, mask=x_ok, other=0.0).to(tl.float32))
-            else:
-                xq = tl.load(x_at, mask=x_ok, other=0.0)
-                xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
-            acc += tl.dot(w, tl.trans(xq)) * (xsc * ws)[None, :]
+            xq = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            xsc = tl.load(xs_ptr + rm * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
+        acc += tl.dot(w, tl.trans(xq)) * (xsc * tl.exp2(wsb.to(tl.float32) - 127.0))[None, :]
         wsb = wsb_next
     pdl_trigger(PDL)
     offs = rm[None, :] * N + rn[:, None]  # y [M, N] seen as [BLOCK_N, BLOCK_M]
@@ -197,10 +170,9 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N
 
 
 @jit
-def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr, ROUNDED: tl.constexpr,
-                       PDL: tl.constexpr):
+def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     # Rows [BLOCK_R] x the 128 columns of block kb: q in e4m3, the scale at s[kb, row] (the transposed layout
-    # _scaled_mm reads); rows M .. M_PAD - 1 read as zeros. ROUNDED: q * scale in bf16 instead, no scales.
+    # _scaled_mm reads); rows M .. M_PAD - 1 read as zeros.
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     kb = tl.program_id(1)
     c = kb * 128 + tl.arange(0, 128)
@@ -209,8 +181,5 @@ def _quantize_x_kernel(x_ptr, q_ptr, s_ptr, M, M_PAD, K, stride_xm, BLOCK_R: tl.
                 other=0.0).to(tl.float32)
     pdl_trigger(PDL)
     q, sc = round_block(x)
-    if ROUNDED:
-        q = (q.to(tl.float32) * sc[:, None]).to(tl.bfloat16)
     tl.store(q_ptr + r[:, None] * K + c[None, :], q, mask=(r < M_PAD)[:, None] & (c < K)[None, :])
-    if not ROUNDED:
-        tl.store(s_ptr + kb * M_PAD + r, sc, mask=r < M_PAD)
+    tl.store(s_ptr + kb * M_PAD + r, sc, mask=r < M_PAD)
