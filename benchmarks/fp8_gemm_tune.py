@@ -1,7 +1,7 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
-sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the GEMV at M = 1,
-cuBLASLt's block-scaled GEMM) and writes the fastest into the table the Triton backend reads.
+sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the Gluon kernel from
+M = 8, the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the fastest into the table the Triton backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
                                        [--merge TABLE [--only-missing]] [--buckets 1 2 ...] [--jobs N]
@@ -75,6 +75,16 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
+    for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]) if bucket >= 8 else []:  # the Gluon kernel
+        for bn in (64, 128):
+            if (n // groups) % bn or k % 128 or bm * bn > 64 * 128:  # (128 x 128 tiles spill)
+                continue
+            tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
+            base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
+            splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
+            for warps in ((4,) if bn == 64 else (4, 8)):
+                for stages in (4, 6) if bm <= 32 else (3, 4, 5):
+                    out += [Fp8GemmConfig("wgmma", bm, bn, s, warps, stages, False) for s in splits]
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
     return out

@@ -81,8 +81,9 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
 @pytest.mark.parametrize("quant_x", [True, False])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_every_launch_kind(quant_x, splits):
-    # Both x paths, uneven K splits, 64- and 128-row tiles, M tiles over 128 rows, the GEMV at M = 1 (16 or 32 rows,
-    # K steps of 1 to 4 blocks); K = 1000 ends inside a block.
+    # Both x paths, uneven K splits, 64- and 128-row tiles, M tiles over 128 rows, the Gluon kernel (M and N tails
+    # zero-filled by TMA, groups), the GEMV at M = 1 (16 or 32 rows, K steps of 1 to 4 blocks); K = 1000 ends
+    # inside a block (the Gluon launch falls back to the Triton kernel there).
     for n, k, groups in [(4096, 1024, 1), (2048, 4096, 2), (256, 1000, 1)]:
         q, s = _weights(n, k, splits)
         for m in (1, 5, 64, 300):
@@ -90,6 +91,9 @@ def test_every_launch_kind(quant_x, splits):
             ref = fp8_gemm_torch(x, q, s, groups)
             for bn in (64, 128):
                 c = Fp8GemmConfig("triton", min(128, max(16, 1 << (m - 1).bit_length())), bn, splits, 4, 3, quant_x)
+                assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+            for bm, bn, warps in ((16, 128, 4), (64, 64, 4), (64, 128, 8)) if not quant_x else ():  # Gluon, by TMA
+                c = Fp8GemmConfig("wgmma", bm, bn, splits, warps, 4, False)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
             for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
                 c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)
@@ -106,10 +110,11 @@ def test_scaled_mm_launch_matches_the_twin():
         assert y.shape == (m, 8192) and _err(y, fp8_gemm_torch(x, q, s)) < TOL
 
 
-def test_split_k_deterministic_and_in_a_cuda_graph():
+@pytest.mark.parametrize("kernel", ["triton", "wgmma"])
+def test_split_k_deterministic_and_in_a_cuda_graph(kernel):
     q, s = _weights(1536, 4096, 4)
     x = torch.randn(4, 4096, device="cuda").to(torch.bfloat16)
-    c = Fp8GemmConfig("triton", 16, 128, 8, 4, 4, True)
+    c = Fp8GemmConfig(kernel, 16, 128, 8, 4, 4, kernel == "triton")
     y0 = fp8_gemm(x, q, s, 1, c)
     assert all(torch.equal(y0, fp8_gemm(x, q, s, 1, c)) for _ in range(5))
     graph = torch.cuda.CUDAGraph()

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.ops.act_quant import BLOCK, quantize_x_torch, round_block
+from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
                                    scaled_mm_weight_scales, store_or_sum, tile_counters)
@@ -39,10 +40,11 @@ SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their le
 
 
 class Fp8GemmConfig(NamedTuple):
-    """One launch of the family: the MMA kernel ("triton"), the GEMV ("gemv": M = 1, block_m 1, x rounded in its
-    K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
+    """One launch of the family: the MMA kernel ("triton"), its Gluon twin with the MMAs kept in flight ("wgmma":
+    ops/fp8_gemm_wgmma.py, x rounded by one launch first, stages fed by TMA), the GEMV ("gemv": M = 1, block_m 1,
+    x rounded in its K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
 
-    kernel: str  # "triton" | "gemv" | "scaled_mm"
+    kernel: str  # "triton" | "wgmma" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block); the GEMV's 16 or 32
     splits: int  # programs over K (1: no partials)
@@ -98,10 +100,20 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
+    if c.kernel == "wgmma" and not wgmma_fits(n, k, groups, c.block_n):
+        c = c._replace(kernel="triton")
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
         return y[:m].view(*x.shape[:-1], n)
+    if c.kernel == "wgmma":
+        xq, xs = quantize_x(x2, pdl)
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
+        counters = tile_counters(x.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
+        fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages, y,
+                       part, counters)
+        return y.view(*x.shape[:-1], n)
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused
         sxm, sxk = 0, 0

@@ -1,0 +1,148 @@
+"""Gluon (Triton's dialect with explicit layouts): the FP8 block-scaled GEMM on Hopper with its MMAs kept in flight,
+the "wgmma" launch of the family in ops/fp8_gemm.py (same shapes, same semantics, its torch twin `fp8_gemm_torch`).
+
+    xq     [Mp, groups*K] e4m3, x rounded per 1 x 128 block (`quantize_x`), xs its fp32 scales [Mp, groups*K/128]
+    qw     [groups*N, K] e4m3, K a multiple of 128; scale [ceil(groups*N/128), K/128] e8m0 bytes
+    y      [M, groups*N]
+
+Why a second kernel: each K block's product must be scaled before it is added (s_x[m, b] * s_w[n/128, b]), and
+Triton's `tl.dot` then waits for every MMA as soon as it is issued, so a program's MMA, its scaling and its loads
+take turns. Here a program issues block b + 1's MMA (into a fresh accumulator, operands in shared memory), then
+waits for block b's alone (`warpgroup_mma_wait(num_outstanding=1)`) and scales and adds it while b + 1 runs.
+The weight and x tiles come by TMA, STAGES blocks ahead, each stage's arrival signalled by an mbarrier; a stage
+is refilled once the MMA that read it is known complete. The weight tile is the MMA's wide side ("swap AB":
+BLOCK_N weight rows by BLOCK_M rows of x), K is split over programs as in the Triton kernel (partials summed
+by the last program of a tile, in split order). Only K a multiple of 128 (every DeepSeek-V4 weight); the host
+falls back to the Triton kernel otherwise.
+
+On installs without Triton (or without Gluon) this module still imports; its kernel cannot run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:
+    gluon = gl = None
+
+
+def _gjit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+def wgmma_fits(n: int, k: int, groups: int, block_n: int) -> bool:
+    """The wgmma launch covers this weight: K a multiple of 128, a tile's rows inside one group."""
+    return k % 128 == 0 and (n // groups) % block_n == 0
+
+
+def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor, scale: torch.Tensor,
+                   groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int,
+                   y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
+    """y [m, groups*N] = the family's product of rounded x (xq, xs from `quantize_x`) and the FP8 weight; one
+    launch. part: fp32 [splits, m, groups*N] where splits > 1; counters: int32 zeros, one per output tile."""
+    n, k = qw.shape
+    w_layout = gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_m, 128], gl.float8e4nv)
+    w_desc = TensorDescriptor.from_tensor(qw, [block_n, 128], w_layout)
+    x_desc = TensorDescriptor.from_tensor(xq, [block_m, 128], x_layout)
+    grid = (-(-m // block_m), -(-n // block_n), splits)
+    steps = -(-(k // 128) // splits)
+    _wgmma_kernel[grid](w_desc, x_desc, xs, scale, y, part, counters, m, n, k, n // groups, xs.stride(1),
+                        scale.stride(0), steps, splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                        num_warps=num_warps)
+
+
+@_gjit
+def _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, j, lo, n_steps, off_n, off_m, xk0,
+                STAGES: gl.constexpr):
+    # Step j's weight and x tiles into stage j % STAGES (nothing past the program's last step).
+    slot = j % STAGES
+    pred = j < n_steps
+    bar = ready.index(slot)
+    mbarrier.expect(bar, w_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(w_desc, [off_n, (lo + j) * 128], bar, w_bufs.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(x_desc, [off_m, xk0 + (lo + j) * 128], bar, x_bufs.index(slot), pred=pred)
+
+
+@_gjit
+def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xsk, stride_sn,
+                  STEPS, SPLITS, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  num_warps: gl.constexpr):
+    # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, hi) of its group.
+    pid_m, pid_n, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    group = off_n // GROUP_N
+    lo = split * STEPS
+    n_steps = gl.minimum(lo + STEPS, K // 128) - lo
+    xk0 = group * K  # x's columns of this group
+    xs_ptr += (group * (K // 128) + lo) * stride_xsk
+    s_row = s_ptr + (off_n // 128) * stride_sn + lo
+
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BLOCK_M, 32])
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)  # [BLOCK_M]: one scale per row of x
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 128], w_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(STAGES - 1):
+        _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i, lo, n_steps, off_n, off_m, xk0, STAGES)
+
+    rm = off_m + gl.arange(0, BLOCK_M, layout=col_l)
+    m_ok = rm < M
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
+    acc = zero
+    prod = warpgroup_mma_init(zero)  # the previous step's product, in flight until waited for
+    sc_prev = gl.zeros([BLOCK_M], gl.float32, col_l)
+    for i in range(n_steps):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        sc = gl.load(xs_ptr + i * stride_xsk + rm, mask=m_ok, other=0.0) * gl.exp2(
+            gl.load(s_row + i).to(gl.float32) - 127.0)
+        prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod,))  # step i - 1's MMA done; step i's runs on
+        acc += prod * sc_prev[None, :]
+        _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
+                    STAGES)  # into step i - 1's stage, whose MMA has completed
+        prod = new
+        sc_prev = sc
+    prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod,))
+    acc += prod * sc_prev[None, :]
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * gl.num_programs(0) + pid_m, off_m, off_n, M, N, split,
+                  SPLITS, BLOCK_M, BLOCK_N, num_warps)
+
+
+@_gjit
+def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, off_m, off_n, M, N, split, SPLITS, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+    # ops/linear.py's `store_or_sum` for the tile [BLOCK_N, BLOCK_M] of y^T: one split stores it; several write
+    # fp32 partials, and the last to finish (an atomic count) sums them in split order and resets the count.
+    # 4 consecutive columns of y (n, contiguous) a thread: vector stores and loads, and few pointers held
+    out_l: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, num_warps], [0, 1])
+    t = gl.convert_layout(acc, out_l)
+    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
+    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l))
+    offs = rm[None, :] * N + rn[:, None]
+    mask = (rm < M)[None, :] & (rn < N)[:, None]
+    if SPLITS == 1:
+        gl.store(y_ptr + offs, t.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        plane = M * N
+        gl.store(part_ptr + split * plane + offs, t, mask=mask, cache_modifier=".wt")
+        gl.thread_barrier()  # every thread's partial is written before the count moves
+        if gl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            tot = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, out_l)
+            for s in range(SPLITS):
+                tot += gl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cv")
+            gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+            gl.atomic_xchg(cnt_ptr, 0)
