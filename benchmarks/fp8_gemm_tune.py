@@ -75,18 +75,33 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
-    for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]) if bucket >= 8 else []:  # the Gluon kernel
-        for bn in (64, 128):
-            if (n // groups) % bn or k % 128 or bm * bn > 64 * 128:  # (128 x 128 tiles spill)
-                continue
-            tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
-            base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
-            splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
-            for warps in ((4,) if bn == 64 else (4, 8)):
-                for stages in (4, 6) if bm <= 32 else (3, 4, 5):
-                    out += [Fp8GemmConfig("wgmma", bm, bn, s, warps, stages, False) for s in splits]
+    if bucket >= 8 and k % 128 == 0:
+        out += wgmma_candidates(bucket, n, k, groups, n_sm)
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
+    return out
+
+
+def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
+    """The Gluon kernel's launches at M = bucket: tiles with one MMA in flight (three fp32 tiles: up to 64 x 64
+    per warpgroup), and larger tiles that wait for each MMA; as many stages as ~200 KB of shared memory holds,
+    and the Triton kernel's K splits."""
+    bm = max(16, min(bucket, 64))
+    tiles = [(1, bm, 64, 4), (1, bm, 128, 8)]
+    if bm <= 32:
+        tiles += [(1, bm, 128, 4), (1, bm, 256, 8)]
+    if bucket >= 64:
+        tiles += [(0, 64, 128, 4), (0, 64, 256, 8), (0, 128, 128, 8), (0, 128, 64, 4)]
+    out = []
+    for in_flight, bm, bn, warps in tiles:
+        if (n // groups) % bn:
+            continue
+        n_tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
+        base = max(1, min(math.ceil(n_sm / n_tiles), k // 128 // 2))
+        splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= k // 128 // 2})
+        most = min(8, 200 * 1024 // ((bm + bn) * 128))
+        for stages in sorted({min(4, most), most}):
+            out += [Fp8GemmConfig("wgmma", bm, bn, s, warps, stages, False, in_flight=in_flight) for s in splits]
     return out
 
 
@@ -143,7 +158,7 @@ def tune_shape(n: int, k: int, groups: int, buckets: list[int], bw: float, n_sm:
         print(f"  N={n:6d} K={k:5d} g={groups:2d} M={bucket:4d}  {ms * 1e3:8.1f} us ({best[bucket]['bw_share']:.0%})"
               f"  exact {exact * 1e3:8.1f}  bf16 {bf16 * 1e3:8.1f} ({best[bucket]['bf16_bw_share']:.0%})  "
               f"{c.kernel} bm{c.block_m} bn{c.block_n} bk{c.block_k} s{c.splits} w{c.num_warps} "
-              f"st{c.num_stages} q{int(c.quant_x)}  err {err:.1e}", flush=True)
+              f"st{c.num_stages} q{int(c.quant_x)} f{c.in_flight}  err {err:.1e}", flush=True)
     return best
 
 

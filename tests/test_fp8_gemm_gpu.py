@@ -78,6 +78,10 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
             assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
 
 
+# (in_flight, block_m, block_n, warps): one MMA left in flight or none; 256 weight rows span two scale blocks
+WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8), (0, 64, 256, 8)]
+
+
 @pytest.mark.parametrize("quant_x", [True, False])
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_every_launch_kind(quant_x, splits):
@@ -92,8 +96,8 @@ def test_every_launch_kind(quant_x, splits):
             for bn in (64, 128):
                 c = Fp8GemmConfig("triton", min(128, max(16, 1 << (m - 1).bit_length())), bn, splits, 4, 3, quant_x)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
-            for bm, bn, warps in ((16, 128, 4), (64, 64, 4), (64, 128, 8)) if not quant_x else ():  # Gluon, by TMA
-                c = Fp8GemmConfig("wgmma", bm, bn, splits, warps, 4, False)
+            for f, bm, bn, warps in WGMMA_TILES if not quant_x else ():  # the Gluon kernel, stages fed by TMA
+                c = Fp8GemmConfig("wgmma", bm, bn, splits, warps, 4, False, in_flight=f)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
             for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
                 c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)

@@ -46,12 +46,14 @@ class Fp8GemmConfig(NamedTuple):
 
     kernel: str  # "triton" | "wgmma" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
-    block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block); the GEMV's 16 or 32
+    block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block), wgmma's up to 256;
+    #               the GEMV's 16 or 32
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
     quant_x: bool  # round x in the K loop's prologue (else one quantize_x launch first)
     block_k: int = BLOCK  # columns a K step covers: 128 (one scale block) but in the GEMV (a multiple of 128)
+    in_flight: int = 1  # wgmma: MMAs left running while the previous product is scaled (1, or 0: large tiles)
 
 
 def fp8_gemm_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -111,8 +113,8 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
         counters = tile_counters(x.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
-        fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages, y,
-                       part, counters)
+        fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
+                       c.in_flight, y, part, counters)
         return y.view(*x.shape[:-1], n)
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused

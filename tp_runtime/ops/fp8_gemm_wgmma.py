@@ -1,5 +1,5 @@
-"""Gluon (Triton's dialect with explicit layouts): the FP8 block-scaled GEMM on Hopper with its MMAs kept in flight,
-the "wgmma" launch of the family in ops/fp8_gemm.py (same shapes, same semantics, its torch twin `fp8_gemm_torch`).
+"""Gluon (Triton's dialect with explicit layouts): the FP8 block-scaled GEMM on Hopper fed by TMA, its MMAs kept in
+flight: the "wgmma" launch of the family in ops/fp8_gemm.py (same shapes, same semantics, torch twin `fp8_gemm_torch`).
 
     xq     [Mp, groups*K] e4m3, x rounded per 1 x 128 block (`quantize_x`), xs its fp32 scales [Mp, groups*K/128]
     qw     [groups*N, K] e4m3, K a multiple of 128; scale [ceil(groups*N/128), K/128] e8m0 bytes
@@ -8,7 +8,9 @@ the "wgmma" launch of the family in ops/fp8_gemm.py (same shapes, same semantics
 Why a second kernel: each K block's product must be scaled before it is added (s_x[m, b] * s_w[n/128, b]), and
 Triton's `tl.dot` then waits for every MMA as soon as it is issued, so a program's MMA, its scaling and its loads
 take turns. Here a program issues block b + 1's MMA (into a fresh accumulator, operands in shared memory), then
-waits for block b's alone (`warpgroup_mma_wait(num_outstanding=1)`) and scales and adds it while b + 1 runs.
+waits for block b's alone (`warpgroup_mma_wait(num_outstanding=1)`) and scales and adds it while b + 1 runs
+(IN_FLIGHT; three fp32 tiles live, so large tiles wait for each MMA instead and rely on the two warpgroups and
+the TMA stages to overlap). A tile of 256 weight rows spans two 128-row scale blocks: scales are per row.
 The weight and x tiles come by TMA, STAGES blocks ahead, each stage's arrival signalled by an mbarrier; a stage
 is refilled once the MMA that read it is known complete. The weight tile is the MMA's wide side ("swap AB":
 BLOCK_N weight rows by BLOCK_M rows of x), K is split over programs as in the Triton kernel (partials summed
@@ -43,9 +45,10 @@ def wgmma_fits(n: int, k: int, groups: int, block_n: int) -> bool:
 
 def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor, scale: torch.Tensor,
                    groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int,
-                   y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
+                   in_flight: int, y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
     """y [m, groups*N] = the family's product of rounded x (xq, xs from `quantize_x`) and the FP8 weight; one
-    launch. part: fp32 [splits, m, groups*N] where splits > 1; counters: int32 zeros, one per output tile."""
+    launch. part: fp32 [splits, m, groups*N] where splits > 1; counters: int32 zeros, one per output tile.
+    in_flight: 1 keeps one MMA in flight while the last is scaled (three fp32 tiles), 0 waits for each (two)."""
     n, k = qw.shape
     w_layout = gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv)
     x_layout = gl.NVMMASharedLayout.get_default_for([block_m, 128], gl.float8e4nv)
@@ -55,7 +58,7 @@ def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor,
     steps = -(-(k // 128) // splits)
     _wgmma_kernel[grid](w_desc, x_desc, xs, scale, y, part, counters, m, n, k, n // groups, xs.stride(1),
                         scale.stride(0), steps, splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                        num_warps=num_warps)
+                        IN_FLIGHT=in_flight, num_warps=num_warps)
 
 
 @_gjit
@@ -73,7 +76,7 @@ def _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, j, lo, n_steps, off_n, of
 @_gjit
 def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xsk, stride_sn,
                   STEPS, SPLITS, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, hi) of its group.
     pid_m, pid_n, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
@@ -82,11 +85,11 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
     n_steps = gl.minimum(lo + STEPS, K // 128) - lo
     xk0 = group * K  # x's columns of this group
     xs_ptr += (group * (K // 128) + lo) * stride_xsk
-    s_row = s_ptr + (off_n // 128) * stride_sn + lo
 
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BLOCK_M, 32])
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)  # [BLOCK_M]: one scale per row of x
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # [BLOCK_N]: one per weight row (a 256-row tile spans 2 blocks)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 128], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -96,30 +99,55 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
         _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i, lo, n_steps, off_n, off_m, xk0, STAGES)
 
     rm = off_m + gl.arange(0, BLOCK_M, layout=col_l)
+    rn = off_n + gl.arange(0, BLOCK_N, layout=row_l)
     m_ok = rm < M
+    s_rows = s_ptr + (rn // 128) * stride_sn + lo  # [BLOCK_N] pointers to each row's block scales
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
     acc = zero
-    prod = warpgroup_mma_init(zero)  # the previous step's product, in flight until waited for
-    sc_prev = gl.zeros([BLOCK_M], gl.float32, col_l)
-    for i in range(n_steps):
-        slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        sc = gl.load(xs_ptr + i * stride_xsk + rm, mask=m_ok, other=0.0) * gl.exp2(
-            gl.load(s_row + i).to(gl.float32) - 127.0)
-        prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod,))  # step i - 1's MMA done; step i's runs on
-        acc += prod * sc_prev[None, :]
-        _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
-                    STAGES)  # into step i - 1's stage, whose MMA has completed
-        prod = new
-        sc_prev = sc
-    prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod,))
-    acc += prod * sc_prev[None, :]
+    if IN_FLIGHT:
+        # Step i's MMA is issued before step i - 1's product is waited for, scaled and added.
+        prod = warpgroup_mma_init(zero)  # the previous step's product, in flight until waited for
+        sx_prev = gl.zeros([BLOCK_M], gl.float32, col_l)
+        sw_prev = gl.zeros([BLOCK_N], gl.float32, row_l)
+        for i in range(n_steps):
+            slot = i % STAGES
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+            sx, sw = _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok)
+            prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod,))  # step i - 1's MMA done; step i's runs on
+            acc += prod * sw_prev[:, None] * sx_prev[None, :]
+            _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
+                        STAGES)  # into step i - 1's stage, whose MMA has completed
+            prod = new
+            sx_prev = sx
+            sw_prev = sw
+        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod,))
+        acc += prod * sw_prev[:, None] * sx_prev[None, :]
+    else:
+        # Each MMA waited for at once: two fp32 tiles, not three (large tiles); warpgroups still overlap.
+        for i in range(n_steps):
+            slot = i % STAGES
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                                is_async=True)
+            sx, sw = _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok)
+            prod = warpgroup_mma_wait(num_outstanding=0, deps=(new,))
+            _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
+                        STAGES)  # into step i - 1's stage
+            acc += prod * sw[:, None] * sx[None, :]
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * gl.num_programs(0) + pid_m, off_m, off_n, M, N, split,
                   SPLITS, BLOCK_M, BLOCK_N, num_warps)
+
+
+@_gjit
+def _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok):
+    # Step i's scales: x's per row [BLOCK_M] (fp32) and the weight's per row [BLOCK_N] (e8m0 bytes -> 2^(v - 127))
+    sx = gl.load(xs_ptr + i * stride_xsk + rm, mask=m_ok, other=0.0)
+    sw = gl.exp2(gl.load(s_rows + i).to(gl.float32) - 127.0)
+    return sx, sw
 
 
 @_gjit
@@ -141,8 +169,16 @@ def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, off_m, off_n, M, N, split, SPLI
         gl.store(part_ptr + split * plane + offs, t, mask=mask, cache_modifier=".wt")
         gl.thread_barrier()  # every thread's partial is written before the count moves
         if gl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            tot = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, out_l)
-            for s in range(SPLITS):
-                tot += gl.load(part_ptr + s * plane + offs, mask=mask, other=0.0, cache_modifier=".cv")
-            gl.store(y_ptr + offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+            # summed 16 weight rows at a time: the whole tile's sums, loads and addresses at once would take
+            # ~90 more registers per thread than the main loop, and the kernel is allocated for its peak
+            sum_l: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [1, num_warps], [0, 1])
+            rm_c = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, sum_l))
+            for c in range(BLOCK_N // 16):
+                rn_c = off_n + c * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, sum_l))
+                offs_c = rm_c[None, :] * N + rn_c[:, None]
+                mask_c = (rm_c < M)[None, :] & (rn_c < N)[:, None]
+                tot = gl.zeros([16, BLOCK_M], gl.float32, sum_l)
+                for s in range(SPLITS):
+                    tot += gl.load(part_ptr + s * plane + offs_c, mask=mask_c, other=0.0, cache_modifier=".cv")
+                gl.store(y_ptr + offs_c, tot.to(y_ptr.dtype.element_ty), mask=mask_c)
             gl.atomic_xchg(cnt_ptr, 0)
