@@ -100,10 +100,10 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
             raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
+    if c.kernel == "wgmma" and not wgmma_fits(n, k, groups, c.block_n):  # the Triton kernel's tile: one scale block
+        c = c._replace(kernel="triton", block_n=min(c.block_n, BLOCK))
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
-    if c.kernel == "wgmma" and not wgmma_fits(n, k, groups, c.block_n):
-        c = c._replace(kernel="triton")
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
