@@ -6,7 +6,8 @@ each M bucket, as measured on a GPU by `python -m benchmarks.fp8_gemm_tune` and 
     bucket  the smallest of M_BUCKETS >= M (M above the last: the last bucket's launch, tiled over M)
 
 A shape missing from the table gets `default_config` and one warning per shape, never an error; a cuBLASLt
-entry where cuBLASLt's block-scaled GEMM cannot run (not SM90 / cuBLASLt < 12.9, x not bf16) gets the same.
+entry where cuBLASLt's block-scaled GEMM cannot run (not SM90 / cuBLASLt < 12.9, x not bf16), or a Gluon entry
+where that kernel cannot (no Gluon, not a Hopper GPU), gets the same.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config
+from tp_runtime.ops.fp8_gemm_wgmma import wgmma_available
 from tp_runtime.ops.linear import BLOCK, blockwise_scaled_mm_available
 
 TABLE_PATH = Path(__file__).with_name("fp8_gemm_table.json")
@@ -62,6 +64,9 @@ class Fp8GemmTable:
                                             and blockwise_scaled_mm_available(x.device)):
             return self._fallback(key, f"cuBLASLt's block-scaled GEMM, the table's choice for N={n} K={k}, cannot "
                                        f"run here", m, n, k, groups, n_sm)
+        if c.kernel == "wgmma" and not wgmma_available(x.device):
+            return self._fallback(key, f"the Gluon kernel, the table's choice for N={n} K={k}, cannot run here "
+                                       f"(it needs Triton's Gluon and a Hopper GPU)", m, n, k, groups, n_sm)
         return c
 
     def _fallback(self, key: str, why: str, m: int, n: int, k: int, groups: int, n_sm: int) -> Fp8GemmConfig:

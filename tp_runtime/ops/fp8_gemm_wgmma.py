@@ -22,6 +22,8 @@ On installs without Triton (or without Gluon) this module still imports; its ker
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -36,6 +38,12 @@ except ImportError:
 
 def _gjit(fn):
     return gluon.jit(fn) if gluon is not None else fn
+
+
+@functools.cache
+def wgmma_available(device: torch.device) -> bool:
+    """The kernel can run on `device`: Gluon importable, a Hopper GPU (wgmma and this TMA are sm_90's)."""
+    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def wgmma_fits(n: int, k: int, groups: int, block_n: int) -> bool:
