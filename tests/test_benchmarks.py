@@ -55,3 +55,17 @@ def test_script_help(name, capsys):
     with pytest.raises(SystemExit) as e:
         importlib.import_module(f"benchmarks.{name}").parse_args(["--help"])
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_fp8_gemm_tune_charges_a_quantize_launch():
+    from benchmarks.fp8_gemm_tune import EXTRA_LAUNCH_MS, extra_launches, pick
+    from tp_runtime.ops.fp8_gemm import Fp8GemmConfig
+
+    prologue = Fp8GemmConfig("triton", 16, 64, 1, 4, 4, True)  # x rounded in the kernel
+    separate = [Fp8GemmConfig("triton", 16, 64, 1, 4, 4, False), Fp8GemmConfig("wgmma", 16, 64, 1, 4, 4, False),
+                Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False)]
+    assert extra_launches(prologue) == extra_launches(Fp8GemmConfig("gemv", 1, 16, 1, 4, 3, True, 512)) == 0
+    assert [extra_launches(c) for c in separate] == [1, 1, 1]
+    for c in separate:  # within the charge the one-launch GEMM wins; beyond it the faster one does
+        assert pick([(6.3e-3, prologue), (6.3e-3 - 0.5 * EXTRA_LAUNCH_MS, c)]) == (6.3e-3, prologue)
+        assert pick([(6.3e-3, prologue), (6.3e-3 - 2 * EXTRA_LAUNCH_MS, c)])[1] == c
