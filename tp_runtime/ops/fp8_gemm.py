@@ -106,16 +106,29 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
         xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
-        y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)
-        return y[:m].view(*x.shape[:-1], n)
-    if c.kernel == "wgmma":
-        xq, xs = quantize_x(x2, pdl)
+        y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)[:m]
+    else:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
-        counters = tile_counters(x.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
-        fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
-                       c.in_flight, y, part, counters)
-        return y.view(*x.shape[:-1], n)
+        launch = _launch_wgmma if c.kernel == "wgmma" else _launch_triton
+        launch(x2, qw, scale, groups, c, pdl, y, part)
+    return y.view(*x.shape[:-1], n)
+
+
+def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
+                  pdl: bool, y: torch.Tensor, part: torch.Tensor) -> None:
+    # x rounded by one launch, then ops/fp8_gemm_wgmma.py's kernel into y (part: its split-K partials)
+    m, n = y.shape
+    xq, xs = quantize_x(x2, pdl)
+    counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
+    fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
+                   c.in_flight, y, part, counters)
+
+
+def _launch_triton(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
+                   pdl: bool, y: torch.Tensor, part: torch.Tensor) -> None:
+    # `_fp8_gemm_kernel` into y, x rounded in its prologue (quant_x) or by one launch first
+    m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused
         sxm, sxk = 0, 0
@@ -126,15 +139,12 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     bn = c.block_n
     while group_n % bn:  # a tile's columns lie in one group
         bn //= 2
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, bn), c.splits)  # a weight tile's M tiles launch together
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
-    _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x.device, grid[0] * grid[1]), m, n, k, group_n,
+    _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x2.device, grid[0] * grid[1]), m, n, k, group_n,
                            xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
                            BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
                            num_stages=c.num_stages, launch_pdl=pdl)
-    return y.view(*x.shape[:-1], n)
 
 
 @jit
