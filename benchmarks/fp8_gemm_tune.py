@@ -5,6 +5,7 @@ M = 8, the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the fastest i
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
                                        [--merge TABLE [--only-missing]] [--buckets 1 2 ...] [--jobs N]
+    python -m benchmarks.fp8_gemm_tune --repick RUN/fp8_gemm_tune.jsonl.gz --merge TABLE --out DIR   (no GPU)
 
 Each launch is timed as a CUDA graph of one call per copy of the weight, enough copies to exceed the L2 several
 times (every call streams its weight from HBM, as in a step; the host's launch cost is out of the number): the
@@ -24,6 +25,7 @@ DIR/fp8_gemm_tune.jsonl (every timing), their records led by bench/record_file.p
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import math
@@ -214,17 +216,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only-missing", action="store_true", help="tune only the shapes the --merge table lacks")
     ap.add_argument("--buckets", nargs="+", type=int, default=list(M_BUCKETS), choices=M_BUCKETS,
                     help="the M buckets to tune (with --merge, the others keep the table's launches)")
+    ap.add_argument("--repick", type=Path, help="no timing: pick the winners again from a run's fp8_gemm_tune.jsonl"
+                    "(.gz) by the current rule, into the --merge table (needs no GPU)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling the candidates first (1: compile while timing)")
     a = ap.parse_args(argv)
     if sorted(set(a.buckets)) != list(M_BUCKETS) and not a.merge:
         ap.error("--buckets needs --merge: the other buckets' launches come from that table")
+    if a.repick and not a.merge:
+        ap.error("--repick needs --merge: the table whose entries the picks replace")
     return a
+
+
+def repick(timings: Path, table: Path) -> tuple[dict, int]:
+    """The table's entries with each (shape, bucket) timed in `timings` picked again by `pick`; and how many
+    entries changed."""
+    opener = gzip.open if timings.suffix == ".gz" else open
+    with opener(timings, "rt") as f:
+        records = [r for r in map(json.loads, f) if "ms" in r and "config" in r]
+    timed: dict[tuple[str, str], list] = {}
+    for r in records:
+        timed.setdefault((shape_key(r["N"], r["K"], r["groups"]), str(r["M"])), []).append(
+            (r["ms"], Fp8GemmConfig(**r["config"])))
+    entries = {k: {str(b): c._asdict() for b, c in by.items()} for k, by in Fp8GemmTable.load(table).entries.items()}
+    changed = 0
+    for (key, bucket), runs in timed.items():
+        c = pick(runs)[1]._asdict()
+        changed += entries.setdefault(key, {}).get(bucket) != c
+        entries[key][bucket] = c
+    return entries, changed
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.repick:
+        entries, changed = repick(a.repick, a.merge)
+        meta = {**json.loads(a.merge.read_text())["meta"], "repicked_from": str(a.repick),
+                "repick_command": " ".join(["python -m benchmarks.fp8_gemm_tune", *(argv or sys.argv[1:])])}
+        table = {"meta": meta, "entries": entries}
+        write_text_atomic(a.out / "fp8_gemm_table.json", json.dumps(table, indent=1) + "\n")
+        print(f"{changed} entries picked otherwise from {a.repick}; table written to {a.out}")
+        return 0
     n_sm, bw, t0 = sm_count(DEV), bandwidth(DEV, 1024)["read_GBps"] * 1e9, time.time()
     print(f"read bandwidth {bw / 1e12:.2f} TB/s, {n_sm} SMs", flush=True)
     shapes: dict[str, tuple[int, int, int]] = {}

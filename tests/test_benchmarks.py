@@ -69,3 +69,23 @@ def test_fp8_gemm_tune_charges_a_quantize_launch():
     for c in separate:  # within the charge the one-launch GEMM wins; beyond it the faster one does
         assert pick([(6.3e-3, prologue), (6.3e-3 - 0.5 * EXTRA_LAUNCH_MS, c)]) == (6.3e-3, prologue)
         assert pick([(6.3e-3, prologue), (6.3e-3 - 2 * EXTRA_LAUNCH_MS, c)])[1] == c
+
+
+def test_fp8_gemm_tune_repicks_a_table_from_recorded_timings(tmp_path):
+    import json
+
+    from benchmarks.fp8_gemm_tune import EXTRA_LAUNCH_MS, repick
+    from tp_runtime.ops.fp8_gemm import Fp8GemmConfig
+
+    one = Fp8GemmConfig("triton", 16, 64, 1, 4, 4, True)
+    two = Fp8GemmConfig("wgmma", 16, 64, 1, 4, 4, False)
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"meta": {}, "entries": {"256,512,1": {"8": two._asdict(), "16": two._asdict()}}}))
+    runs = [(8, one, 1e-2), (8, two, 1e-2 - EXTRA_LAUNCH_MS / 2),  # within the charge: the one-launch GEMM
+            (16, one, 1e-2), (16, two, 1e-2 - 2 * EXTRA_LAUNCH_MS)]  # beyond it: the faster one
+    rows = [{"N": 256, "K": 512, "groups": 1, "M": m, "config": c._asdict(), "ms": ms} for m, c, ms in runs]
+    rows.append({"N": 256, "K": 512, "groups": 1, "M": 8, "config": two._asdict(), "error": "out of memory"})
+    timings = tmp_path / "t.jsonl"
+    timings.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entries, changed = repick(timings, table)
+    assert changed == 1 and entries["256,512,1"] == {"8": one._asdict(), "16": two._asdict()}
