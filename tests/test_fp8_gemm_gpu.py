@@ -1,7 +1,8 @@
 """The FP8 GEMM family (ops/fp8_gemm.py) on a GPU: x rounded to e4m3 by the kernels bit for bit as the torch twin
 rounds it; every launch the tuning table holds, and the defaults, against the twin at every FP8 weight shape of
 Flash and Pro at tp 1 and 8 and M in {1, 3, 8, 33, 128, 256, 512}, with weight scales spanning orders of
-magnitude; split-K deterministic and the same in a CUDA graph; the backend's choice against the torch backend.
+magnitude; the Gluon kernel (ops/fp8_gemm_wgmma.py) at every such shape from M = 8; split-K deterministic and the
+same in a CUDA graph; the backend's choice against the torch backend.
 
 Run on a GPU machine: `pytest -m gpu tests/test_fp8_gemm_gpu.py`.
 """
@@ -16,6 +17,7 @@ from tp_runtime.config import load_config
 from tp_runtime.ops.act_quant import quantize_x_torch
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
+from tp_runtime.ops.fp8_gemm_wgmma import wgmma_available
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
@@ -102,6 +104,25 @@ def test_every_launch_kind(quant_x, splits):
             for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
                 c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not wgmma_available(torch.device("cuda")),
+                    reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("n,k,groups", SHAPES)
+def test_gluon_launch_at_every_shape(n, k, groups):
+    # Every FP8 weight of Flash and Pro at tp 1 and 8, every M the tuner tries it at, a tile of each kind (one MMA
+    # in flight; each MMA waited, 256 weight rows over two scale blocks where the group's rows allow), K split.
+    q, s = _weights(n, k, 7 * n + k)
+    g = torch.Generator(device="cuda").manual_seed(n)
+    for m in (8, 33, 128, 256, 512):
+        x = torch.randn(m, groups * k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = fp8_gemm_torch(x, q, s, groups)
+        for f, bm, bn, warps in ((1, 32, 64, 4), (0, 64, 256, 8), (0, 128, 128, 8)):
+            if (n // groups) % bn:
+                continue
+            c = Fp8GemmConfig("wgmma", bm, bn, 1 if m > 128 else 3, warps, 4, False, in_flight=f)
+            y = fp8_gemm(x, q, s, groups, c)
+            assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not blockwise_scaled_mm_available(torch.device("cuda")),
