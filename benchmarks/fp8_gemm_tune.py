@@ -75,6 +75,14 @@ def weight_shapes(model: str, tp: int) -> dict[str, tuple[int, int, int]]:
     return fp8_gemm_shapes(load_config(ROOT / "configs" / f"{model}.yaml").model, tp)
 
 
+def mma_splits(bucket: int, n: int, kb: int, bm: int, bn: int, n_sm: int) -> list[int]:
+    """K splits an MMA launch of bm x bn tiles is tried with over kb K blocks: none, enough for about one
+    program per SM, and twice that, at least 2 K blocks a split."""
+    tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
+    base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
+    return sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
+
+
 def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
     """The launches tried at M = bucket."""
     kb, out = k // 128, []
@@ -86,9 +94,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
         for bn in (64, 128):
             if (n // groups) % bn:
                 continue
-            tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
-            base = max(1, min(math.ceil(n_sm / tiles), kb // 2))
-            splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
+            splits = mma_splits(bucket, n, kb, bm, bn, n_sm)
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in ((True,) if bucket <= 8 else (True, False)):
@@ -114,9 +120,7 @@ def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> lis
     for in_flight, bm, bn, warps in tiles:
         if (n // groups) % bn:
             continue
-        n_tiles = math.ceil(n / bn) * math.ceil(bucket / bm)
-        base = max(1, min(math.ceil(n_sm / n_tiles), k // 128 // 2))
-        splits = sorted({s for s in (1, base, 2 * base) if s == 1 or s <= k // 128 // 2})
+        splits = mma_splits(bucket, n, k // 128, bm, bn, n_sm)
         most = min(8, 200 * 1024 // ((bm + bn) * 128))
         for stages in sorted({min(4, most), most}):
             out += [Fp8GemmConfig("wgmma", bm, bn, s, warps, stages, False, in_flight=in_flight) for s in splits]
