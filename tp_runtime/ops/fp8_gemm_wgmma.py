@@ -118,11 +118,7 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
         sx_prev = gl.zeros([BLOCK_M], gl.float32, col_l)
         sw_prev = gl.zeros([BLOCK_N], gl.float32, row_l)
         for i in range(n_steps):
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                is_async=True)
-            sx, sw = _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok)
+            new, sx, sw = _issue(w_bufs, x_bufs, ready, zero, i, xs_ptr, s_rows, stride_xsk, rm, m_ok, STAGES)
             prod = warpgroup_mma_wait(num_outstanding=1, deps=(prod,))  # step i - 1's MMA done; step i's runs on
             acc += prod * sw_prev[:, None] * sx_prev[None, :]
             _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
@@ -135,11 +131,7 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
     else:
         # Each MMA waited for at once: two fp32 tiles, not three (large tiles); warpgroups still overlap.
         for i in range(n_steps):
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                                is_async=True)
-            sx, sw = _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok)
+            new, sx, sw = _issue(w_bufs, x_bufs, ready, zero, i, xs_ptr, s_rows, stride_xsk, rm, m_ok, STAGES)
             prod = warpgroup_mma_wait(num_outstanding=0, deps=(new,))
             _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, i + STAGES - 1, lo, n_steps, off_n, off_m, xk0,
                         STAGES)  # into step i - 1's stage
@@ -148,6 +140,17 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
         mbarrier.invalidate(ready.index(i))
     _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * gl.num_programs(0) + pid_m, off_m, off_n, M, N, split,
                   SPLITS, BLOCK_M, BLOCK_N, num_warps)
+
+
+@_gjit
+def _issue(w_bufs, x_bufs, ready, zero, i, xs_ptr, s_rows, stride_xsk, rm, m_ok, STAGES: gl.constexpr):
+    # Step i: wait for its stage's tiles, issue its MMA into a fresh accumulator (returned in flight), and load its
+    # scales meanwhile.
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    new = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+    sx, sw = _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok)
+    return new, sx, sw
 
 
 @_gjit
