@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
 
@@ -18,6 +20,8 @@ ARGS = {
                         {"out": Path("dir"), "cache": "fp8", "variant": ["64,64,1,8,2"]}),
     "attention_prefill_sweep": (["--tokens", "64"], {"tokens": "64", "out": "out/attention_prefill"}),
     "fp8_gemm": (["--tp", "8"], {"tp": 8, "model": "v4_flash", "sweep": False}),
+    "fp8_gemm_profile": (["--m", "8", "--config", "triton,16,64,2,4,4,1,q"],
+                         {"m": 8, "n": 4096, "config": Fp8GemmConfig("triton", 16, 64, 2, 4, 4, True)}),
     "fp8_gemm_tune": (["--tp", "1", "8", "--budget-s", "60"], {"tp": [1, 8], "budget_s": 60.0,
                                                                "models": ["v4_flash", "v4_pro"]}),
     "indexer_sweep": (["dir", "--batches", "1", "--indexer-q", "bf16", "e4m3"],
@@ -89,3 +93,11 @@ def test_fp8_gemm_tune_repicks_a_table_from_recorded_timings(tmp_path):
     timings.write_text("".join(json.dumps(r) + "\n" for r in rows))
     entries, changed = repick(timings, table)
     assert changed == 1 and entries["256,512,1"] == {"8": one._asdict(), "16": two._asdict()}
+
+
+def test_fp8_gemm_profile_refuses_a_malformed_launch(capsys):
+    from benchmarks.fp8_gemm_profile import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "wgmma,64,64"])
+    assert "kernel,block_m,block_n,splits,warps,stages,in_flight" in capsys.readouterr().err
