@@ -245,3 +245,35 @@ def test_a_large_model_on_a_cpu_says_what_it_builds_before_the_long_silence() ->
                                     _after_line("tp_runtime: building 43 layers", 0.5), timeout_s=60)
     _assert_reported(rc, out, err, left, signal.SIGTERM)
     assert "on the CPU: slow" in err and out == ""
+
+
+@pytest.fixture
+def own_handlers():
+    """This process's handlers of the signals, put back after the test (interruptible leaves them default)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def test_an_interrupt_that_python_wrapped_is_reported_as_one(capsys, own_handlers) -> None:
+    # Python 3.11 turns an interrupt raised inside __set_name__ (a signal landing in a class body of a lazy
+    # import) into RuntimeError(...) from it: still the one line and 128 + n, not a traceback and status 1.
+    from tp_runtime.parallel import interrupt
+
+    def command() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler raises Interrupted here
+            time.sleep(5)
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property' instance") from e
+        return 0
+
+    assert interrupt.interruptible(command) == 128 + signal.SIGINT
+    assert capsys.readouterr().err.splitlines() == ["error: interrupted (SIGINT)"]
+
+    def failing() -> int:  # any other failure still propagates
+        raise RuntimeError("a real failure")
+
+    with pytest.raises(RuntimeError, match="a real failure"):
+        interrupt.interruptible(failing)

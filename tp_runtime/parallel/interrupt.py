@@ -110,6 +110,24 @@ def interruptible(command: Callable[[], int]) -> int:
             return command()
         except KeyboardInterrupt as e:
             return report(from_keyboard_interrupt(e))
+        except Exception as e:
+            wrapped = _wrapped_interrupt(e)
+            if wrapped is None:
+                raise
+            return report(from_keyboard_interrupt(wrapped))
+
+
+def _wrapped_interrupt(e: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt that Python turned into another exception on its way up, if a signal was received: Python
+    3.11 raises RuntimeError("Error calling __set_name__ ...") from an interrupt that lands in a class body's
+    __set_name__, as one did inside a lazy `import torch`."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen and _received:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def die_with_parent() -> None:
