@@ -20,12 +20,11 @@ import sys
 
 import torch
 
+from benchmarks.fp8_gemm_tune import L2_BYTES
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.weights.fp8 import quantize_fp8
-
-L2_BYTES = 50 << 20
 
 
 def parse_config(text: str) -> Fp8GemmConfig:
@@ -55,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda")
     w = torch.randn(a.n, a.k, device=dev) * torch.logspace(-2, 1, a.n, device=dev)[:, None] / a.k ** 0.5
     copies = a.copies or max(2, math.ceil(4 * L2_BYTES / (a.n * a.k)))
-    weights = [quantize_fp8(w) for _ in range(copies)]
+    q, s = quantize_fp8(w)  # quantized once; the copies are clones (another address each, the same values)
+    weights = [(q.clone(), s.clone()) for _ in range(copies)]
     x = torch.randn(a.m, a.groups * a.k, device=dev).to(torch.bfloat16)
     c = a.config or Fp8GemmTable.load().config(a.m, a.n, a.k, a.groups, x, sm_count(dev))
     for q, s in weights:  # compile, and make the split-K counters

@@ -110,10 +110,10 @@ def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> lis
     """The Gluon kernel's launches at M = bucket: tiles with one MMA in flight (three fp32 tiles: up to 64 x 64
     per warpgroup), and larger tiles that wait for each MMA; as many stages as ~200 KB of shared memory holds,
     and the Triton kernel's K splits."""
-    bm = max(16, min(bucket, 64))
-    tiles = [(1, bm, 64, 4), (1, bm, 128, 8)]
-    if bm <= 32:
-        tiles += [(1, bm, 128, 4), (1, bm, 256, 8)]
+    narrow = max(16, min(bucket, 64))  # x rows of the in-flight tiles
+    tiles = [(1, narrow, 64, 4), (1, narrow, 128, 8)]
+    if narrow <= 32:
+        tiles += [(1, narrow, 128, 4), (1, narrow, 256, 8)]
     if bucket >= 64:
         tiles += [(0, 64, 128, 4), (0, 64, 256, 8), (0, 128, 128, 8), (0, 128, 64, 4)]
     out = []
