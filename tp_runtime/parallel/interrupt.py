@@ -121,8 +121,10 @@ def _wrapped_interrupt(e: BaseException) -> KeyboardInterrupt | None:
     """The interrupt that Python turned into another exception on its way up, if a signal was received: Python
     3.11 raises RuntimeError("Error calling __set_name__ ...") from an interrupt that lands in a class body's
     __set_name__, as one did inside a lazy `import torch`."""
+    if not _received:
+        return None
     seen: set[int] = set()
-    while e is not None and id(e) not in seen and _received:
+    while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
             return e
         seen.add(id(e))
