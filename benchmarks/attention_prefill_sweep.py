@@ -4,11 +4,11 @@
 
 A chunk is T tokens of one sequence at positions ctx - T .. ctx - 1 (slot 0): their window rows come from the
 chunk itself and the ring, ratio 4 tokens attend to 512 picks each (random distinct completed entries), ratio
-128 tokens to every completed entry. Each configuration (heads a program, candidates a block, warps, stages)
-runs the same inputs; its output is compared with the default configuration's (`attn_config`; max abs
-difference: the online softmax visits the same candidates in blocks of another size, so bf16-rounded outputs
-may differ in the last bit) and its replay in a CUDA graph is timed (graph_timer.graph_timing: 10 ms of warm-up,
-60 ms of replays, the L2 flushed before each; median).
+128 tokens to every completed entry. Each configuration (heads a program, candidates a block, warps, stages;
+and the wgmma kernel's ring shapes) runs the same inputs; its output is compared with the default
+configuration's (`attn_config`; max abs difference: the online softmax visits the same candidates in blocks of
+another size, so bf16-rounded outputs may differ in the last bit) and its replay in a CUDA graph is timed
+(graph_timer.graph_timing: 10 ms of warm-up, 60 ms of replays, the L2 flushed before each; median).
 TFLOP/s counts the QK and PV dots: T x heads x candidates x D x 4. Prints a table and one JSON line; writes
 attention_prefill_sweep.jsonl (bench/record_file.py) to --out.
 """
@@ -26,13 +26,15 @@ from tp_runtime.config import ModelConfig
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import ring_index
-from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink
+from tp_runtime.ops.sparse_attention import WGMMA, AttnConfig, attn_config, sparse_attention_sink
+from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_available, wgmma_attention_fits
 
 DEV, DT = torch.device("cuda"), torch.bfloat16
 M = ModelConfig()
 H, D, W, K = M.num_attention_heads, M.head_dim, M.sliding_window, M.index_topk
 CONFIGS = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 3), (64, 32, 8, 5), (64, 16, 8, 5),
-           (64, 32, 4, 2), (32, 32, 8, 2), (32, 64, 8, 2), (32, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 2)]
+           (64, 32, 4, 2), (32, 32, 8, 2), (32, 64, 8, 2), (32, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 2),
+           WGMMA, WGMMA._replace(block_n=32, num_stages=3), WGMMA._replace(block_n=32, num_stages=4)]
 
 
 def chunk_inputs(T: int, ctx: int, ratio: int) -> tuple:
@@ -63,12 +65,13 @@ def point(T: int, ctx: int, ratio: int) -> list[dict]:
     args = chunk_inputs(T, ctx, ratio)
     cand = W + args[8]
     out_ref = torch.empty(T, H * D, dtype=DT, device=DEV)
-    default = attn_config(T, H, cand, D, torch.cuda.get_device_properties(DEV).multi_processor_count)
+    fits = wgmma_attention_available(DEV) and wgmma_attention_fits(H, D, 64, DT)
+    default = attn_config(T, H, cand, D, torch.cuda.get_device_properties(DEV).multi_processor_count, wgmma=fits)
     sparse_attention_sink(*args, out_ref, config=default)
     flop = T * H * (W + min(args[8], K if ratio == 4 else args[8])) * D * 4
     rows = []
-    for bh, bn, nw, ns in CONFIGS:
-        c = AttnConfig(bh, bn, nw, ns, -(-cand // bn) * bn)
+    for entry in CONFIGS:
+        c = entry if isinstance(entry, AttnConfig) else AttnConfig(*entry, -(-cand // entry[1]) * entry[1])
         out = torch.empty_like(out_ref)
         try:
             ms = graph_ms(lambda: sparse_attention_sink(*args, out, config=c))

@@ -85,7 +85,11 @@ def variants(batch: int, heads: int, n_cand: int, n_sm: int, table: tuple = VARI
     from tp_runtime.ops.sparse_attention import AttnConfig
 
     seen = set()
-    for bh, bn, vs, nw, ns in table:
+    for entry in table:
+        if isinstance(entry, AttnConfig):  # the wgmma kernel: one configuration, never split
+            yield entry
+            continue
+        bh, bn, vs, nw, ns = entry
         bh = max(16, min(bh, 1 << (heads - 1).bit_length()))
         base = batch * -(-heads // bh) * vs
         lens = [-(-n_cand // bn) * bn]
@@ -156,8 +160,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="batch 1 and 128 only at 64 heads")
     ap.add_argument("--cache", choices=("bf16", "fp8"), help="points of one cache format only")
     ap.add_argument("--batches", type=int, nargs="+", help="points of these batches only")
-    ap.add_argument("--variant", action="append", help="H,N,VS,WARPS,STAGES (repeat): replaces VARIANTS")
+    ap.add_argument("--variant", action="append",
+                    help="H,N,VS,WARPS,STAGES or wgmma,N,STAGES (repeat): replaces VARIANTS")
     return ap.parse_args(argv)
+
+
+def parse_variant(text: str):
+    """'H,N,VS,WARPS,STAGES' -> a VARIANTS entry; 'wgmma,N,STAGES' -> the Gluon kernel's AttnConfig."""
+    from tp_runtime.ops.sparse_attention import WGMMA
+
+    head, *rest = text.split(",")
+    if head == "wgmma":
+        return WGMMA._replace(block_n=int(rest[0]), num_stages=int(rest[1]))
+    return tuple(int(x) for x in text.split(","))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from tp_runtime.graph_timer import graph_timing
     from tp_runtime.ops.cache_fp8 import row_bytes
     from tp_runtime.ops.sparse_attention import attn_config, sparse_attention_sink
+    from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_available, wgmma_attention_fits
     from tp_runtime.ops.torch_path import sparse_attention_sink as attention_torch
 
     a = parse_args(argv)
@@ -172,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
     pts = points(a.quick, a.cache, a.batches)
-    table = tuple(tuple(int(x) for x in v.split(",")) for v in a.variant) if a.variant else VARIANTS
+    table = tuple(parse_variant(v) for v in a.variant) if a.variant else VARIANTS
     t0 = time.time()
     jobs = compile_jobs(pts, n_sm, table)
     with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -204,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                 err, ms = None, None
             return dict(point=p, variant=name, config=cfg._asdict() if cfg else None, ms=ms, rel_err=err)
 
-        default = attn_config(batch, heads, 128 + n_comp, D, n_sm, fp8)
+        fits = wgmma_attention_available(dev) and wgmma_attention_fits(heads, D, 64, args[0].dtype)
+        default = attn_config(batch, heads, 128 + n_comp, D, n_sm, fp8, wgmma=fits)
         rows = [timed(lambda: sparse_attention_sink(*args, out), "default", default)]
         if base is not None:
             rows.append(timed(lambda: base(*args, out), "baseline"))

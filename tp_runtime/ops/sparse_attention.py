@@ -51,6 +51,8 @@ from tp_runtime.ops.cache_fp8 import load_rows
 from tp_runtime.ops.index import RingIndex
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
+from tp_runtime.ops.sparse_attention_wgmma import (sparse_attention_wgmma, wgmma_attention_available,
+                                                   wgmma_attention_fits)
 
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one multiply folded into the scale
@@ -251,10 +253,11 @@ class AttnConfig(NamedTuple):
     num_stages: int
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
     value_split: int = 1  # 2: the value dims' halves in two programs (each scores whole rows, keeps half the acc)
+    kernel: str = "triton"  # "wgmma": ops/sparse_attention_wgmma.py (64 heads a program, block_n rows, no split)
 
 
 def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False,
-                fp32: bool = False) -> AttnConfig:
+                fp32: bool = False, wgmma: bool = False) -> AttnConfig:
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x value_split x splits. From the H200 sweeps at Flash dims, 4K context
@@ -274,8 +277,10 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     Stages: Triton's pipeliner splits `num_stages - 1` between the index loads and the gathers they address,
     and gives direct loads (ratio 128's rows) all of it: 5 stages ring 4 tiles there, so a tile is at most
     32 bf16 rows of 512 dims beside 64 heads' q (192 KB of shared memory).
-    The value split (value_split 2) never won at Flash dims and stays off. fp32 (the checks' dtype; tiles of
-    twice the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows."""
+    The value split (value_split 2) never won at Flash dims and stays off.
+    wgmma (the layer fits ops/sparse_attention_wgmma.py's kernel on a Hopper GPU): that kernel in the
+    many-token regime. fp32 (the checks' dtype; tiles of twice the bytes): 32 heads a program, 32 / 64
+    candidates a block with / without FP8 rows."""
     wide = head_dim >= 256
     h16 = max(16, min(64, triton.next_power_of_2(n_heads)))  # all of a token's heads (16 at least: the dot's M)
     if not wide:
@@ -285,7 +290,7 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
         cfg, fill = AttnConfig(16, 64, 8, 2, 0), 0
     elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
-        return _many_tokens(h16, n_cand, fp8)
+        return WGMMA if wgmma else _many_tokens(h16, n_cand, fp8)
     elif fp8 and n_cand >= 512:
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
     elif fp8:  # split to fill the SMs twice where the programs fill under half of them, else not at all
@@ -321,6 +326,9 @@ def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
     return AttnConfig(h16, bn, 8, stages, triton.cdiv(n_cand, bn) * bn)
 
 
+# the Gluon kernel's one configuration: 64 heads, two stages of 64 rows, 8 warps, never split
+WGMMA = AttnConfig(64, 64, 8, 2, 1 << 30, kernel="wgmma")
+
 COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
 
 
@@ -347,7 +355,8 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     has_comp = compressed is not None and n_comp > 0
     C = n_comp if has_comp else 0
     fp8 = window.dtype == torch.uint8
-    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8, q.dtype == torch.float32)
+    wgmma = wgmma_attention_available(q.device) and wgmma_attention_fits(H, D, 2 * cis.shape[-1], q.dtype)
+    cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8, q.dtype == torch.float32, wgmma)
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)
     block_d = max(32, triton.next_power_of_2(D))
@@ -360,6 +369,11 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     comp = compressed if has_comp else window
     pk = picks if (has_comp and picks is not None) else slot[:, None]
     nd = n_done if has_comp else slot
+    if cfg.kernel == "wgmma":
+        assert wgmma, "the wgmma attention kernel needs a Hopper GPU, Gluon, 16-bit q, 512 dims (64 rope), <= 64 heads"
+        sparse_attention_wgmma(q, kv, win, ring, comp, slot, pk, nd, has_comp, picks is not None, C, W, sink,
+                               scale * LOG2E, cis_r, out, cfg.block_n, cfg.num_stages, pdl)
+        return
     if splits > 1:
         part_o = torch.empty(T, splits, H, block_d, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(T, splits, H, 2, dtype=torch.float32, device=q.device)

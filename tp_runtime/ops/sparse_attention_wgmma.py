@@ -1,0 +1,314 @@
+"""Gluon (Triton's dialect with explicit layouts): the decode sparse attention of ops/sparse_attention.py for many
+tokens on Hopper, gathered rows streamed through shared memory into warpgroup MMAs (the "wgmma" kernel of
+`AttnConfig`; same arguments, same semantics, torch twin `torch_path.sparse_attention_sink`).
+
+One program a token, every local head of it (up to 64, the MMA's M; fewer heads are padded with zero queries),
+bf16 (or fp16) rows of D = 512 dims. Per tile of BLOCK_N candidates:
+
+    S [64, BLOCK_N] = Q [64, D] . K^T          (Q in shared memory, K the gathered tile)
+    online softmax in base 2, the sink as the initial running max (denominator 1)
+    O [64, D] += P [64, BLOCK_N] . K           (P through shared memory; V is the same rows)
+
+Why a second kernel: Triton lays a chained dot's first product out with every warp on the heads' dimension
+(warpsPerCTA [8, 1]), so with 64 heads both warpgroups compute the whole score tile, and each dot is waited on
+as soon as it is issued. Here both products split their N dimension between the two warpgroups ([4, 2]): each
+scores half the tile's rows and accumulates half the value dims; the row maxima and P cross between them
+through shared memory.
+
+The gathers: tile i + 1's rows are copied (cp.async, 16 bytes a thread a copy) into the other stage while tile
+i's products run, and tile i + 2's addresses (RingIndex rows, picks) are loaded meanwhile, so no index load
+waits in front of a gather. A candidate that is not valid (padding, -1 picks, positions before 0, past the
+token's count) reads the token's own step row instead, whose values are finite, and its score is -inf: its
+weight is exactly 0, as the Triton kernel's zero-filled loads give.
+
+The output: o / den rounded to the run dtype and stored, then its last DR dims read back, rotated by the
+conjugate angles in fp32 and rounded again: exactly the torch twin's order (o in the run dtype, then
+`apply_rotary(inverse=True)`).
+
+PDL as the Triton kernel: wait before the first load, trigger after the last load of earlier kernels' data
+(the last tile's rows), before the stores.
+
+On installs without Triton (or without Gluon) this module still imports; its kernel cannot run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+except ImportError:
+    gluon = gl = None
+
+HEADS = 64  # the MMA's M: a warpgroup's rows; every program holds 64 (zero-padded) heads
+DIMS, ROPE = 512, 64  # row dims the kernel is laid out for (DeepSeek-V4's head_dim and rotary dims)
+
+
+def _gjit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+@functools.cache
+def wgmma_attention_available(device: torch.device) -> bool:
+    """The kernel can run on `device`: Gluon importable, a Hopper GPU."""
+    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def wgmma_attention_fits(n_heads: int, head_dim: int, rope_dim: int, dtype: torch.dtype) -> bool:
+    """The kernel covers this layer: q (and 16-bit rows) in bf16 or fp16, DIMS dims of which ROPE rotary (FP8
+    rows: 448 e4m3 codes in 7 scale blocks, then the rope dims), at most HEADS local heads."""
+    return head_dim == DIMS and rope_dim == ROPE and n_heads <= HEADS and dtype in (torch.bfloat16, torch.float16)
+
+
+def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ring, comp: torch.Tensor,
+                           slot: torch.Tensor, picks: torch.Tensor, n_done: torch.Tensor, has_comp: bool,
+                           has_picks: bool, n_comp: int, window: int, sink: torch.Tensor, qk_scale: float,
+                           cis_r: torch.Tensor, out: torch.Tensor, block_n: int, stages: int, pdl: bool) -> None:
+    """One launch over T tokens (no split). Arguments as ops/sparse_attention.py hands them to its Triton kernel:
+    win [slots * W, D] the ring; comp [slots, N, D] (the ring where has_comp is False); picks [T, C] or [T, 1]
+    (unused); n_done [T] (unused where not has_comp); qk_scale in log2 units; cis_r [T, DR/2, 2] fp32."""
+    T, H, D = q.shape
+    u8 = torch.uint8
+    _attn_kernel[(T,)](
+        q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
+        ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
+        ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
+        comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r, cis_r.stride(0),
+        out, out.stride(0), H, n_comp, qk_scale,
+        W=window, D=D, DR=2 * cis_r.shape[1], HAS_COMP=has_comp, HAS_PICKS=has_picks, BLOCK_N=block_n,
+        STAGES=stages, PDL=pdl, num_warps=8, launch_pdl=pdl)
+
+
+@_gjit
+def _pdl_wait(PDL: gl.constexpr):
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+
+@_gjit
+def _pdl_trigger(PDL: gl.constexpr):
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@_gjit
+def _row_ptrs(t, j0, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr,
+              s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr, s_pk, W: gl.constexpr, HAS_COMP: gl.constexpr,
+              HAS_PICKS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Candidates j0 .. j0 + BLOCK_N - 1 of token t -> (row pointers [BLOCK_N], valid [BLOCK_N]) in `layout`.
+    Window candidates (j < W) come from this step's rows or the ring, compressed ones from the token's slot
+    (picks: -1 = none); an invalid candidate points at the token's own step row."""
+    j = j0 + gl.arange(0, BLOCK_N, layout=layout)
+    live = j < total
+    win = live & (j < W)
+    ins = gl.load(in_step_ptr + t * s_in + j, mask=win, other=0) != 0
+    srow = gl.load(step_row_ptr + t * s_sr + j, mask=win & ins, other=0)
+    rrow = gl.load(ring_row_ptr + t * s_rr + j, mask=win & (~ins), other=0)
+    ok = win & (gl.load(valid_ptr + t * s_va + j, mask=win, other=0) != 0)
+    ptr = gl.where(ins, kv_ptr + gl.multiple_of(srow * skv_t, 8), win_ptr + gl.multiple_of(rrow * swin, 8))
+    if HAS_COMP:
+        cmp = live & (j >= W)
+        c = j - W
+        if HAS_PICKS:
+            idx = gl.load(picks_ptr + t * s_pk + c, mask=cmp, other=-1)
+            cmp = cmp & (idx >= 0)
+            idx = gl.maximum(idx, 0)
+        else:
+            idx = c.to(gl.int64)
+        ptr = gl.where(j >= W, comp_base + gl.multiple_of(idx * sc_row, 8), ptr)
+        ok = ok | cmp
+    ptr = gl.where(ok, ptr, kv_ptr + gl.multiple_of(t * skv_t, 8))
+    return ptr, ok
+
+
+@_gjit
+def _issue(k_bufs, ok_bufs, j, n_tiles, ptr, ok, dims, STAGES: gl.constexpr):
+    # Tile j's rows (if the token has it) into stage j % STAGES, its valid flags beside; one copy group a call.
+    if j < n_tiles:
+        async_copy.async_copy_global_to_shared(k_bufs.index(j % STAGES), ptr[:, None] + dims[None, :])
+    ok_bufs.index(j % STAGES).store(ok.to(gl.int8))
+    async_copy.commit_group()
+
+
+@_gjit
+def _issue_fp8(st, ok_bufs, j, n_tiles, ptr, ok, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    # FP8 rows: tile j's bytes as stored (ops/cache_fp8.py: 448 e4m3 codes, 64 bf16 rope dims, 7 scale bytes) into
+    # stage j % STAGES of the staging buffers st = (codes 0-255, 256-383, 384-447, rope, scales), 8 bytes a copy.
+    s = j % STAGES
+    if j < n_tiles:
+        _copy(st[0].index(s), ptr, 0, num_warps)
+        _copy(st[1].index(s), ptr, 256, num_warps)
+        _copy(st[2].index(s), ptr, 384, num_warps)
+        _copy(st[3].index(s), (ptr + 448).to(gl.pointer_type(gl.uint16)), 0, num_warps)
+        _copy(st[4].index(s), ptr, 576, num_warps)
+    ok_bufs.index(s).store(ok.to(gl.int8))
+    async_copy.commit_group()
+
+
+@_gjit
+def _copy(dst, ptr, START: gl.constexpr, num_warps: gl.constexpr):
+    # Bytes START .. of each row at ptr [N] into dst [N, WIDTH]: 8 bytes a thread a copy (rows are 8-byte aligned).
+    WIDTH: gl.constexpr = dst.shape[1]
+    VEC: gl.constexpr = 64 // dst.dtype.primitive_bitwidth
+    TPW: gl.constexpr = 32 if WIDTH // VEC >= 32 else WIDTH // VEC
+    lay: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TPW, TPW], [num_warps, 1], [1, 0])
+    p = gl.convert_layout(ptr, gl.SliceLayout(1, lay)) + START
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, lay))
+    async_copy.async_copy_global_to_shared(dst, p[:, None] + cols[None, :])
+
+
+@_gjit
+def _decode(st, s, k_tile, num_warps: gl.constexpr):
+    # Stage s's FP8 rows -> k_tile [N, 512] in its dtype, 64 dims at a time: codes times their block's scale
+    # 2^(v - 127) (exact), the rope dims' bf16 bits as they are.
+    dt: gl.constexpr = k_tile.dtype
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    for g in gl.static_range(7):
+        if g < 4:
+            codes = st[0].index(s).slice(64 * g, 64, 1).load(lay)
+        elif g < 6:
+            codes = st[1].index(s).slice(64 * (g - 4), 64, 1).load(lay)
+        else:
+            codes = st[2].index(s).load(lay)
+        v = st[4].index(s).slice(g, 1, 1).load(lay)  # [N, 1] scale bytes
+        scale = (v.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        vals = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale
+        k_tile.slice(64 * g, 64, 1).store(vals.to(dt))
+    bits = st[3].index(s).load(lay).to(gl.int32)
+    k_tile.slice(448, 64, 1).store((bits << 16).to(gl.float32, bitcast=True).to(dt))
+
+
+@_gjit
+def _attn_kernel(
+    q_ptr, sq_t, sq_h, kv_ptr, skv_t, win_ptr, swin,
+    in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va,
+    comp_ptr, sc_slot, sc_row, slot_ptr, picks_ptr, s_pk, n_done_ptr, sink_ptr, cis_ptr, s_cis,
+    out_ptr, s_out, H, C, qk_scale,
+    W: gl.constexpr, D: gl.constexpr, DR: gl.constexpr, HAS_COMP: gl.constexpr, HAS_PICKS: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    BLOCK_H: gl.constexpr = 64
+    dt: gl.constexpr = q_ptr.dtype.element_ty
+    # products: both warpgroups on N (half the tile's rows / half the value dims each), all 64 heads on M
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_N // 2, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    # gathers: 16 bytes a thread a copy, a warp 4 rows x 128 bytes (conflict-free into the 128-byte swizzle)
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
+    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dt)
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D], dt)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dt)
+
+    t = gl.program_id(0)
+    heads = gl.arange(0, BLOCK_H, layout=row_l)
+    dims = gl.arange(0, D, layout=gl.SliceLayout(0, cp_l))
+    _pdl_wait(PDL)
+    q = gl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + dims[None, :], mask=(heads < H)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(dt, [BLOCK_H, D], q_sl, q)
+    if FP8:  # rows staged as stored, decoded into one tile a step
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        st = (gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 256], plain),
+              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 128], plain),
+              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 64], plain),
+              gl.allocate_shared_memory(gl.uint16, [STAGES, BLOCK_N, 64], plain),
+              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 8], plain))
+        k_bufs = gl.allocate_shared_memory(dt, [1, BLOCK_N, D], k_sl)
+    else:
+        k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D], k_sl)
+    ok_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], p_sl)
+
+    total = W
+    if HAS_COMP:
+        total += gl.minimum(gl.load(n_done_ptr + t), C).to(gl.int32)  # candidates this token reads (device count)
+    n_tiles = gl.cdiv(total, BLOCK_N)
+    comp_base = comp_ptr + gl.multiple_of(gl.load(slot_ptr + t) * sc_slot, 8)
+
+    # tiles 0 .. STAGES - 2 in flight, the next one's addresses loaded
+    for j in gl.static_range(STAGES - 1):
+        ptr0, ok0 = _row_ptrs(t, j * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in, step_row_ptr,
+                            s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr, s_pk, W,
+                            HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+        if FP8:
+            _issue_fp8(st, ok_bufs, j, n_tiles, ptr0, ok0, STAGES, num_warps)
+        else:
+            _issue(k_bufs, ok_bufs, j, n_tiles, ptr0, ok0, dims, STAGES)
+    nxt_ptr, nxt_ok = _row_ptrs(t, (STAGES - 1) * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in,
+                                step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr,
+                                s_pk, W, HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+
+    hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+    m = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634  # log2 units
+    den = gl.full([BLOCK_H], 1.0, gl.float32, gl.SliceLayout(1, s_l))
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
+    o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
+    for i in range(n_tiles):
+        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: the barrier below)
+        if FP8:
+            _issue_fp8(st, ok_bufs, i + STAGES - 1, n_tiles, nxt_ptr, nxt_ok, STAGES, num_warps)
+        else:
+            _issue(k_bufs, ok_bufs, i + STAGES - 1, n_tiles, nxt_ptr, nxt_ok, dims, STAGES)
+        nxt_ptr, nxt_ok = _row_ptrs(t, (i + STAGES) * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr,
+                                    s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row,
+                                    picks_ptr, s_pk, W, HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
+        fence_async_shared()  # ... visible to the MMAs (and q's store, the first time)
+        gl.thread_barrier()  # ... and every thread's
+        if FP8:
+            k_tile = k_bufs.index(0)
+            _decode(st, i % STAGES, k_tile, num_warps)
+            fence_async_shared()
+            gl.thread_barrier()  # the whole tile decoded before the MMAs read it
+        else:
+            k_tile = k_bufs.index(i % STAGES)
+        valid = ok_bufs.index(i % STAGES).load(gl.SliceLayout(0, s_l)) != 0
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False)
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        alpha = gl.exp2(m - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        den = den * alpha + gl.sum(p, axis=1)
+        m = m_new
+        p_smem.store(p.to(dt))
+        fence_async_shared()
+        gl.thread_barrier()  # P whole before either warpgroup reads it
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        o = warpgroup_mma(p_smem, k_tile, o)
+        gl.thread_barrier()  # both warpgroups done with the stage and P before they are written again
+    async_copy.wait_group(0)
+    _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D, DR, PDL, o_l, num_warps)
+
+
+@_gjit
+def _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D: gl.constexpr, DR: gl.constexpr, PDL: gl.constexpr,
+           o_l: gl.constexpr, num_warps: gl.constexpr):
+    # o / den in the run dtype, then the inverse rotary of its last DR dims (GPT-J pairs) on the rounded values
+    BLOCK_H: gl.constexpr = 64
+    dt: gl.constexpr = out_ptr.dtype.element_ty
+    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    ob = (o / gl.convert_layout(den, gl.SliceLayout(1, o_l))[:, None]).to(dt)
+    ob = gl.convert_layout(ob, out_l)
+    heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, out_l))
+    dims = gl.arange(0, D, layout=gl.SliceLayout(0, out_l))
+    row = out_ptr + t * s_out + heads[:, None] * D
+    pair_l: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [num_warps, 1], [1, 0])
+    i = gl.arange(0, DR // 2, layout=gl.SliceLayout(0, pair_l))
+    c = gl.load(cis_ptr + t * s_cis + 2 * i)
+    sn = gl.load(cis_ptr + t * s_cis + 2 * i + 1)
+    _pdl_trigger(PDL)
+    gl.store(row + dims[None, :], ob, mask=(heads < H)[:, None])
+    gl.thread_barrier()  # the rounded rows are visible to the whole program
+    hp = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, pair_l))
+    at = out_ptr + t * s_out + hp[:, None] * D + (D - DR) + 2 * i[None, :]
+    hm = (hp < H)[:, None]
+    e = gl.load(at, mask=hm, other=0.0).to(gl.float32)
+    od = gl.load(at + 1, mask=hm, other=0.0).to(gl.float32)
+    gl.store(at, (e * c[None, :] + od * sn[None, :]).to(dt), mask=hm)
+    gl.store(at + 1, (od * c[None, :] - e * sn[None, :]).to(dt), mask=hm)
