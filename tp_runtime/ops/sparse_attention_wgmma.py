@@ -80,7 +80,7 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
         comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r, cis_r.stride(0),
         out, out.stride(0), H, n_comp, qk_scale,
         W=window, D=D, DR=2 * cis_r.shape[1], HAS_COMP=has_comp, HAS_PICKS=has_picks, BLOCK_N=block_n,
-        STAGES=stages, PDL=pdl, num_warps=8, launch_pdl=pdl)
+        STAGES=stages, FP8=kv.dtype == torch.uint8, PDL=pdl, num_warps=8, launch_pdl=pdl)
 
 
 @_gjit
