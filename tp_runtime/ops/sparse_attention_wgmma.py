@@ -15,11 +15,16 @@ as soon as it is issued. Here both products split their N dimension between the 
 scores half the tile's rows and accumulates half the value dims; the row maxima and P cross between them
 through shared memory.
 
-The gathers: tile i + 1's rows are copied (cp.async, 16 bytes a thread a copy) into the other stage while tile
-i's products run, and tile i + 2's addresses (RingIndex rows, picks) are loaded meanwhile, so no index load
-waits in front of a gather. A candidate that is not valid (padding, -1 picks, positions before 0, past the
-token's count) reads the token's own step row instead, whose values are finite, and its score is -inf: its
-weight is exactly 0, as the Triton kernel's zero-filled loads give.
+The gathers: tile i + STAGES - 1's rows are copied (cp.async, 16 bytes a thread a copy) into the stage tile i - 1
+used while tile i's products run. Their addresses come from index entries (RingIndex rows, picks) loaded an
+iteration earlier, all side by side, so no load waits on another in front of a gather and no warp stalls on
+an index load in the middle of an iteration. A candidate that is not valid (padding, -1 picks, positions before
+0, past the token's count) reads the token's own step row instead, whose values are finite, and its score is
+-inf: its weight is exactly 0, as the Triton kernel's zero-filled loads give.
+
+FP8 rows (ops/cache_fp8.py's 584-byte layout): a tile's bytes are copied as stored (8 bytes a copy: rows are
+8-byte aligned) into staging buffers, then every thread decodes its share into one bf16 MMA tile (codes times
+their block's power-of-two scale, exact; the rope dims as stored) between the copies' wait and the products.
 
 The output: o / den rounded to the run dtype and stored, then its last DR dims read back, rotated by the
 conjugate angles in fp32 and rounded again: exactly the torch twin's order (o in the run dtype, then
@@ -98,31 +103,36 @@ def _pdl_trigger(PDL: gl.constexpr):
 
 
 @_gjit
-def _row_ptrs(t, j0, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr,
-              s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr, s_pk, W: gl.constexpr, HAS_COMP: gl.constexpr,
-              HAS_PICKS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    """Candidates j0 .. j0 + BLOCK_N - 1 of token t -> (row pointers [BLOCK_N], valid [BLOCK_N]) in `layout`.
-    Window candidates (j < W) come from this step's rows or the ring, compressed ones from the token's slot
-    (picks: -1 = none); an invalid candidate points at the token's own step row."""
+def _load_index(t, j0, total, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr,
+                s_pk, W: gl.constexpr, HAS_PICKS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Candidates j0 .. j0 + BLOCK_N - 1 of token t: their index entries, all loaded at once (none waits on another;
+    `_row_ptrs` uses them an iteration later) -> (in_step, step_row, ring_row, valid, pick) [BLOCK_N] in `layout`."""
+    j = j0 + gl.arange(0, BLOCK_N, layout=layout)
+    win = (j < total) & (j < W)
+    ins = gl.load(in_step_ptr + t * s_in + j, mask=win, other=0)
+    srow = gl.load(step_row_ptr + t * s_sr + j, mask=win, other=0)
+    rrow = gl.load(ring_row_ptr + t * s_rr + j, mask=win, other=0)
+    val = gl.load(valid_ptr + t * s_va + j, mask=win, other=0)
+    if HAS_PICKS:
+        pick = gl.load(picks_ptr + t * s_pk + (j - W), mask=(j < total) & (j >= W), other=-1)
+    else:  # ratio 128: compressed candidate c is entry c
+        pick = (j - W).to(gl.int64)
+    return ins, srow, rrow, val, pick
+
+
+@_gjit
+def _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row,
+              W: gl.constexpr, HAS_COMP: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Candidates j0 .. j0 + BLOCK_N - 1 of token t, from their index entries (`_load_index`) -> (row pointers
+    [BLOCK_N], valid [BLOCK_N]). Window candidates (j < W) come from this step's rows or the ring, compressed ones
+    from the token's slot (picks: -1 = none); an invalid candidate points at the token's own step row."""
     j = j0 + gl.arange(0, BLOCK_N, layout=layout)
     live = j < total
-    win = live & (j < W)
-    ins = gl.load(in_step_ptr + t * s_in + j, mask=win, other=0) != 0
-    srow = gl.load(step_row_ptr + t * s_sr + j, mask=win & ins, other=0)
-    rrow = gl.load(ring_row_ptr + t * s_rr + j, mask=win & (~ins), other=0)
-    ok = win & (gl.load(valid_ptr + t * s_va + j, mask=win, other=0) != 0)
-    ptr = gl.where(ins, kv_ptr + gl.multiple_of(srow * skv_t, 8), win_ptr + gl.multiple_of(rrow * swin, 8))
+    ok = live & (j < W) & (val != 0)
+    ptr = gl.where(ins != 0, kv_ptr + gl.multiple_of(srow * skv_t, 8), win_ptr + gl.multiple_of(rrow * swin, 8))
     if HAS_COMP:
-        cmp = live & (j >= W)
-        c = j - W
-        if HAS_PICKS:
-            idx = gl.load(picks_ptr + t * s_pk + c, mask=cmp, other=-1)
-            cmp = cmp & (idx >= 0)
-            idx = gl.maximum(idx, 0)
-        else:
-            idx = c.to(gl.int64)
-        ptr = gl.where(j >= W, comp_base + gl.multiple_of(idx * sc_row, 8), ptr)
-        ok = ok | cmp
+        ptr = gl.where(j >= W, comp_base + gl.multiple_of(gl.maximum(pick, 0) * sc_row, 8), ptr)
+        ok = ok | (live & (j >= W) & (pick >= 0))
     ptr = gl.where(ok, ptr, kv_ptr + gl.multiple_of(t * skv_t, 8))
     return ptr, ok
 
@@ -231,18 +241,20 @@ def _attn_kernel(
     n_tiles = gl.cdiv(total, BLOCK_N)
     comp_base = comp_ptr + gl.multiple_of(gl.load(slot_ptr + t) * sc_slot, 8)
 
-    # tiles 0 .. STAGES - 2 in flight, the next one's addresses loaded
+    # tiles 0 .. STAGES - 2 in flight, the next one's index entries loaded
     for j in gl.static_range(STAGES - 1):
-        ptr0, ok0 = _row_ptrs(t, j * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in, step_row_ptr,
-                            s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr, s_pk, W,
-                            HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+        ins, srow, rrow, val, pick = _load_index(t, j * BLOCK_N, total, in_step_ptr, s_in, step_row_ptr, s_sr,
+                                                 ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
+                                                 BLOCK_N, row_l)
+        ptr0, ok0 = _row_ptrs(t, j * BLOCK_N, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin,
+                              comp_base, sc_row, W, HAS_COMP, BLOCK_N, row_l)
         if FP8:
             _issue_fp8(st, ok_bufs, j, n_tiles, ptr0, ok0, STAGES, num_warps)
         else:
             _issue(k_bufs, ok_bufs, j, n_tiles, ptr0, ok0, dims, STAGES)
-    nxt_ptr, nxt_ok = _row_ptrs(t, (STAGES - 1) * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr, s_in,
-                                step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row, picks_ptr,
-                                s_pk, W, HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+    ins, srow, rrow, val, pick = _load_index(t, (STAGES - 1) * BLOCK_N, total, in_step_ptr, s_in, step_row_ptr, s_sr,
+                                             ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
+                                             BLOCK_N, row_l)
 
     hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
     m = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634  # log2 units
@@ -250,14 +262,18 @@ def _attn_kernel(
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
     o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
     for i in range(n_tiles):
-        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: the barrier below)
+        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: the barrier below), from
+        # index entries loaded an iteration ago; then tile i + STAGES's entries, used in the next iteration
+        j0 = (i + STAGES - 1) * BLOCK_N
+        ptr, ok = _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row,
+                            W, HAS_COMP, BLOCK_N, row_l)
         if FP8:
-            _issue_fp8(st, ok_bufs, i + STAGES - 1, n_tiles, nxt_ptr, nxt_ok, STAGES, num_warps)
+            _issue_fp8(st, ok_bufs, i + STAGES - 1, n_tiles, ptr, ok, STAGES, num_warps)
         else:
-            _issue(k_bufs, ok_bufs, i + STAGES - 1, n_tiles, nxt_ptr, nxt_ok, dims, STAGES)
-        nxt_ptr, nxt_ok = _row_ptrs(t, (i + STAGES) * BLOCK_N, total, kv_ptr, skv_t, win_ptr, swin, in_step_ptr,
-                                    s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, comp_base, sc_row,
-                                    picks_ptr, s_pk, W, HAS_COMP, HAS_PICKS, BLOCK_N, row_l)
+            _issue(k_bufs, ok_bufs, i + STAGES - 1, n_tiles, ptr, ok, dims, STAGES)
+        ins, srow, rrow, val, pick = _load_index(t, j0 + BLOCK_N, total, in_step_ptr, s_in, step_row_ptr, s_sr,
+                                                 ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
+                                                 BLOCK_N, row_l)
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # ... visible to the MMAs (and q's store, the first time)
         gl.thread_barrier()  # ... and every thread's
