@@ -279,8 +279,10 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     32 bf16 rows of 512 dims beside 64 heads' q (192 KB of shared memory).
     The value split (value_split 2) never won at Flash dims and stays off.
     wgmma (the layer fits ops/sparse_attention_wgmma.py's kernel on a Hopper GPU): that kernel in the
-    many-token regime. fp32 (the checks' dtype; tiles of twice the bytes): 32 heads a program, 32 / 64
-    candidates a block with / without FP8 rows."""
+    many-token regime, 64-row tiles in 2 stages, both row formats (results/h200-2026-12-03-attention-wgmma:
+    1.88 / 1.94x the Triton kernel with bf16 / FP8 rows at batch 128, ratio 4; 1.35 / 1.65x at ratio 128;
+    1.38x at 8 heads; 32-row tiles in 3 or 4 stages lost everywhere). fp32 (the checks' dtype; tiles of twice
+    the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows."""
     wide = head_dim >= 256
     h16 = max(16, min(64, triton.next_power_of_2(n_heads)))  # all of a token's heads (16 at least: the dot's M)
     if not wide:
