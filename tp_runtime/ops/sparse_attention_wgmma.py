@@ -232,6 +232,7 @@ def _attn_kernel(
         k_bufs = gl.allocate_shared_memory(dt, [1, BLOCK_N, D], k_sl)
     else:
         k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D], k_sl)
+        st = k_bufs  # no staging
     ok_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], p_sl)
 
@@ -262,7 +263,8 @@ def _attn_kernel(
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
     o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
     for i in range(n_tiles):
-        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: the barrier below), from
+        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: `_online_softmax` ends in a
+        # barrier), from
         # index entries loaded an iteration ago; then tile i + STAGES's entries, used in the next iteration
         j0 = (i + STAGES - 1) * BLOCK_N
         ptr, ok = _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row,
@@ -274,32 +276,46 @@ def _attn_kernel(
         ins, srow, rrow, val, pick = _load_index(t, j0 + BLOCK_N, total, in_step_ptr, s_in, step_row_ptr, s_sr,
                                                  ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
                                                  BLOCK_N, row_l)
-        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
-        fence_async_shared()  # ... visible to the MMAs (and q's store, the first time)
-        gl.thread_barrier()  # ... and every thread's
-        if FP8:
-            k_tile = k_bufs.index(0)
-            _decode(st, i % STAGES, k_tile, num_warps)
-            fence_async_shared()
-            gl.thread_barrier()  # the whole tile decoded before the MMAs read it
-        else:
-            k_tile = k_bufs.index(i % STAGES)
+        k_tile = _landed(k_bufs, st, i % STAGES, STAGES, FP8, num_warps)
         valid = ok_bufs.index(i % STAGES).load(gl.SliceLayout(0, s_l)) != 0
-        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False)
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=1))
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        den = den * alpha + gl.sum(p, axis=1)
-        m = m_new
-        p_smem.store(p.to(dt))
-        fence_async_shared()
-        gl.thread_barrier()  # P whole before either warpgroup reads it
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        o = warpgroup_mma(p_smem, k_tile, o)
-        gl.thread_barrier()  # both warpgroups done with the stage and P before they are written again
+        m, den, o = _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale)
     async_copy.wait_group(0)
     _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D, DR, PDL, o_l, num_warps)
+
+
+@_gjit
+def _landed(k_bufs, st, s, STAGES: gl.constexpr, FP8: gl.constexpr, num_warps: gl.constexpr):
+    # The MMA operand of the tile in stage s, once its copies have landed (FP8 rows: decoded into k_bufs[0]).
+    async_copy.wait_group(STAGES - 1)  # this thread's copies of the tile have landed
+    fence_async_shared()  # ... visible to the MMAs (and q's store, the first time)
+    gl.thread_barrier()  # ... and every thread's
+    if FP8:
+        k_tile = k_bufs.index(0)
+        _decode(st, s, k_tile, num_warps)
+        fence_async_shared()
+        gl.thread_barrier()  # the whole tile decoded before the MMAs read it
+    else:
+        k_tile = k_bufs.index(s)
+    return k_tile
+
+
+@_gjit
+def _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale):
+    # One tile into the online softmax (base 2): S = Q K^T, its valid columns, P through shared memory, O += P K.
+    o_l: gl.constexpr = o.type.layout
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False)
+    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=1))
+    alpha = gl.exp2(m - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    den = den * alpha + gl.sum(p, axis=1)
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # P whole before either warpgroup reads it
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+    o = warpgroup_mma(p_smem, k_tile, o)
+    gl.thread_barrier()  # both warpgroups done with the stage and P before they are written again
+    return m_new, den, o
 
 
 @_gjit
