@@ -263,9 +263,8 @@ def _attn_kernel(
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
     o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
     for i in range(n_tiles):
-        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: `_online_softmax` ends in a
-        # barrier), from
-        # index entries loaded an iteration ago; then tile i + STAGES's entries, used in the next iteration
+        # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: `_online_softmax` ends in
+        # a barrier), from index entries loaded an iteration ago; then tile i + STAGES's entries, for the next one
         j0 = (i + STAGES - 1) * BLOCK_N
         ptr, ok = _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row,
                             W, HAS_COMP, BLOCK_N, row_l)
