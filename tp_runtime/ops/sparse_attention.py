@@ -32,7 +32,9 @@ the host-checked alignment of the row strides (`row_align`; 8 bytes for 584-byte
 vectors rather than byte by byte.
 
 Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
-C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning).
+C): capturable in a CUDA graph. Configurations are fixed per shape (no autotuning). For many tokens on
+Hopper, `attn_config` picks the Gluon kernel of ops/sparse_attention_wgmma.py instead (same arguments and
+semantics; `AttnConfig.kernel`).
 
 PDL (ops/kernel_support.py): the attention kernel waits before its first load (q, this step's kv rows,
 the RingIndex rows, the picks and counts, the caches: all written earlier in the step) and triggers after
