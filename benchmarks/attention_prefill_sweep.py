@@ -27,7 +27,7 @@ from tp_runtime.graph_timer import graph_timing
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import ring_index
 from tp_runtime.ops.sparse_attention import WGMMA, AttnConfig, attn_config, sparse_attention_sink
-from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_available, wgmma_attention_fits
+from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_fits
 
 DEV, DT = torch.device("cuda"), torch.bfloat16
 M = ModelConfig()
@@ -65,7 +65,7 @@ def point(T: int, ctx: int, ratio: int) -> list[dict]:
     args = chunk_inputs(T, ctx, ratio)
     cand = W + args[8]
     out_ref = torch.empty(T, H * D, dtype=DT, device=DEV)
-    fits = wgmma_attention_available(DEV) and wgmma_attention_fits(H, D, 64, DT)
+    fits = wgmma_attention_fits(DEV, H, D, 64, DT)
     default = attn_config(T, H, cand, D, torch.cuda.get_device_properties(DEV).multi_processor_count, wgmma=fits)
     sparse_attention_sink(*args, out_ref, config=default)
     flop = T * H * (W + min(args[8], K if ratio == 4 else args[8])) * D * 4

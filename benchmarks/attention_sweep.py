@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from tp_runtime.graph_timer import graph_timing
     from tp_runtime.ops.cache_fp8 import row_bytes
     from tp_runtime.ops.sparse_attention import attn_config, sparse_attention_sink
-    from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_available, wgmma_attention_fits
+    from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_fits
     from tp_runtime.ops.torch_path import sparse_attention_sink as attention_torch
 
     a = parse_args(argv)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                 err, ms = None, None
             return dict(point=p, variant=name, config=cfg._asdict() if cfg else None, ms=ms, rel_err=err)
 
-        fits = wgmma_attention_available(dev) and wgmma_attention_fits(heads, D, 64, args[0].dtype)
+        fits = wgmma_attention_fits(dev, heads, D, 64, args[0].dtype)
         default = attn_config(batch, heads, 128 + n_comp, D, n_sm, fp8, wgmma=fits)
         rows = [timed(lambda: sparse_attention_sink(*args, out), "default", default)]
         if base is not None:

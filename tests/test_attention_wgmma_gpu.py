@@ -20,10 +20,10 @@ from test_fp8_cache_gpu import fp8_attention_case
 from test_kernels_gpu import DECODE_POS, PICK_PATTERNS, TOL, attention_case, padded_picks_case, rel_err, run_both
 
 from tp_runtime.ops.sparse_attention import WGMMA, attn_config
-from tp_runtime.ops.sparse_attention_wgmma import wgmma_attention_available
+from tp_runtime.ops.kernel_support import gluon_hopper
 
 DEV = KERNEL_DEVICE
-pytestmark = KERNEL_MARKS + [pytest.mark.skipif(not wgmma_attention_available(DEV),
+pytestmark = KERNEL_MARKS + [pytest.mark.skipif(not gluon_hopper(DEV),
                                                 reason="the wgmma attention kernel needs a Hopper GPU and Gluon")]
 BF16 = torch.bfloat16
 # every shape of tile ring the kernel compiles for: 64 rows x 2 stages (attn_config's), 32 rows x 3 and 4

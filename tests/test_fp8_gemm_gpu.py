@@ -17,7 +17,7 @@ from tp_runtime.config import load_config
 from tp_runtime.ops.act_quant import quantize_x_torch
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
-from tp_runtime.ops.fp8_gemm_wgmma import wgmma_available
+from tp_runtime.ops.kernel_support import gluon_hopper
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
@@ -106,7 +106,7 @@ def test_every_launch_kind(quant_x, splits):
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not wgmma_available(torch.device("cuda")),
+@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
                     reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("n,k,groups", SHAPES)
 def test_gluon_launch_at_every_shape(n, k, groups):

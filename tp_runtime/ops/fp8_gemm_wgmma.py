@@ -22,28 +22,16 @@ On installs without Triton (or without Gluon) this module still imports; its ker
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from tp_runtime.ops.kernel_support import gjit, gl
+
 try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:
-    gluon = gl = None
-
-
-def _gjit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
-
-
-@functools.cache
-def wgmma_available(device: torch.device) -> bool:
-    """The kernel can run on `device`: Gluon importable, a Hopper GPU (wgmma and this TMA are sm_90's)."""
-    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    pass
 
 
 def wgmma_fits(n: int, k: int, groups: int, block_n: int) -> bool:
@@ -69,7 +57,7 @@ def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor,
                         IN_FLIGHT=in_flight, num_warps=num_warps)
 
 
-@_gjit
+@gjit
 def _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, j, lo, n_steps, off_n, off_m, xk0,
                 STAGES: gl.constexpr):
     # Step j's weight and x tiles into stage j % STAGES (nothing past the program's last step).
@@ -81,7 +69,7 @@ def _load_stage(w_desc, x_desc, w_bufs, x_bufs, ready, j, lo, n_steps, off_n, of
     tma.async_copy_global_to_shared(x_desc, [off_m, xk0 + (lo + j) * 128], bar, x_bufs.index(slot), pred=pred)
 
 
-@_gjit
+@gjit
 def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xsk, stride_sn,
                   STEPS, SPLITS, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   IN_FLIGHT: gl.constexpr, num_warps: gl.constexpr):
@@ -142,7 +130,7 @@ def _wgmma_kernel(w_desc, x_desc, xs_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N,
                   SPLITS, BLOCK_M, BLOCK_N, num_warps)
 
 
-@_gjit
+@gjit
 def _issue(w_bufs, x_bufs, ready, zero, i, xs_ptr, s_rows, stride_xsk, rm, m_ok, STAGES: gl.constexpr):
     # Step i: wait for its stage's tiles, issue its MMA into a fresh accumulator (returned in flight), and load its
     # scales meanwhile.
@@ -153,7 +141,7 @@ def _issue(w_bufs, x_bufs, ready, zero, i, xs_ptr, s_rows, stride_xsk, rm, m_ok,
     return new, sx, sw
 
 
-@_gjit
+@gjit
 def _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok):
     # Step i's scales: x's per row [BLOCK_M] (fp32) and the weight's per row [BLOCK_N] (e8m0 bytes -> 2^(v - 127))
     sx = gl.load(xs_ptr + i * stride_xsk + rm, mask=m_ok, other=0.0)
@@ -161,7 +149,7 @@ def _scales(xs_ptr, s_rows, i, stride_xsk, rm, m_ok):
     return sx, sw
 
 
-@_gjit
+@gjit
 def _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr, off_m, off_n, M, N, split, SPLITS, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
     # ops/linear.py's `store_or_sum` for the tile [BLOCK_N, BLOCK_M] of y^T: one split stores it; several write

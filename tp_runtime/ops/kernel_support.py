@@ -1,5 +1,6 @@
 """What every Triton kernel file of ops/ shares: Triton itself where installed, `jit`, the SM count, the
-alignment a kernel may promise for row offsets, and programmatic dependent launch (PDL): `runtime.pdl`
+alignment a kernel may promise for row offsets; for the Gluon kernel files (`*_wgmma.py`) Gluon where
+installed, `gjit` and `gluon_hopper`; and programmatic dependent launch (PDL): `runtime.pdl`
 resolved for a device (whether a device can run PDL at all is asked of tp_runtime/capability.py:
 `pdl_unavailable`, which this module re-exports).
 
@@ -34,11 +35,27 @@ try:
     import triton.language as tl
 except ImportError:
     triton = tl = None
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:
+    gluon = gl = None
 
 
 def jit(fn):
     """triton.jit where Triton is installed, else the plain function (never called)."""
     return triton.jit(fn) if triton is not None else fn
+
+
+def gjit(fn):
+    """gluon.jit where Gluon is installed, else the plain function (never called)."""
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+@functools.cache
+def gluon_hopper(device: torch.device) -> bool:
+    """The Gluon kernels (warpgroup MMAs, Hopper's TMA) can run on `device`: Gluon importable, an sm_90 GPU."""
+    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.cache
@@ -71,6 +88,22 @@ def pdl_trigger(PDL: tl.constexpr):
     After a program's last load of data an earlier kernel wrote; no fence: its own stores still follow."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@gjit
+def gl_pdl_wait(PDL: gl.constexpr):
+    """pdl_wait for Gluon kernels (the same instruction)."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+
+@gjit
+def gl_pdl_trigger(PDL: gl.constexpr):
+    """pdl_trigger for Gluon kernels (the same instruction)."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 PDL_CHOICES = ("auto", "on", "off")

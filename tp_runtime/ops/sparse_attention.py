@@ -53,8 +53,7 @@ from tp_runtime.ops.cache_fp8 import load_rows
 from tp_runtime.ops.index import RingIndex
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
-from tp_runtime.ops.sparse_attention_wgmma import (sparse_attention_wgmma, wgmma_attention_available,
-                                                   wgmma_attention_fits)
+from tp_runtime.ops.sparse_attention_wgmma import sparse_attention_wgmma, wgmma_attention_fits
 
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one multiply folded into the scale
@@ -359,7 +358,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     has_comp = compressed is not None and n_comp > 0
     C = n_comp if has_comp else 0
     fp8 = window.dtype == torch.uint8
-    wgmma = wgmma_attention_available(q.device) and wgmma_attention_fits(H, D, 2 * cis.shape[-1], q.dtype)
+    wgmma = wgmma_attention_fits(q.device, H, D, 2 * cis.shape[-1], q.dtype)
     cfg = config or attn_config(T, H, W + C, D, sm_count(q.device), fp8, q.dtype == torch.float32, wgmma)
     n_hb = triton.cdiv(H, cfg.block_h)
     splits = triton.cdiv(W + C, cfg.split_len)

@@ -38,35 +38,26 @@ On installs without Triton (or without Gluon) this module still imports; its ker
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from tp_runtime.ops.kernel_support import gjit, gl, gl_pdl_trigger, gl_pdl_wait, gluon_hopper
+
 try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
 except ImportError:
-    gluon = gl = None
+    pass
 
 HEADS = 64  # the MMA's M: a warpgroup's rows; every program holds 64 (zero-padded) heads
 DIMS, ROPE = 512, 64  # row dims the kernel is laid out for (DeepSeek-V4's head_dim and rotary dims)
 
 
-def _gjit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
-
-
-@functools.cache
-def wgmma_attention_available(device: torch.device) -> bool:
-    """The kernel can run on `device`: Gluon importable, a Hopper GPU."""
-    return gluon is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
-def wgmma_attention_fits(n_heads: int, head_dim: int, rope_dim: int, dtype: torch.dtype) -> bool:
-    """The kernel covers this layer: q (and 16-bit rows) in bf16 or fp16, DIMS dims of which ROPE rotary (FP8
-    rows: 448 e4m3 codes in 7 scale blocks, then the rope dims), at most HEADS local heads."""
-    return head_dim == DIMS and rope_dim == ROPE and n_heads <= HEADS and dtype in (torch.bfloat16, torch.float16)
+def wgmma_attention_fits(device: torch.device, n_heads: int, head_dim: int, rope_dim: int, dtype: torch.dtype
+                         ) -> bool:
+    """The kernel can run on `device` (`gluon_hopper`) and covers this layer: q (and 16-bit rows) in bf16 or
+    fp16, DIMS dims of which ROPE rotary (FP8 rows: 448 e4m3 codes in 7 scale blocks, then the rope dims), at
+    most HEADS local heads."""
+    return (gluon_hopper(device) and head_dim == DIMS and rope_dim == ROPE and n_heads <= HEADS
+            and dtype in (torch.bfloat16, torch.float16))
 
 
 def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ring, comp: torch.Tensor,
@@ -88,21 +79,7 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
         STAGES=stages, FP8=kv.dtype == torch.uint8, PDL=pdl, num_warps=8, launch_pdl=pdl)
 
 
-@_gjit
-def _pdl_wait(PDL: gl.constexpr):
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-
-
-@_gjit
-def _pdl_trigger(PDL: gl.constexpr):
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@_gjit
+@gjit
 def _load_index(t, j0, total, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr,
                 s_pk, W: gl.constexpr, HAS_PICKS: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Candidates j0 .. j0 + BLOCK_N - 1 of token t: their index entries, all loaded at once (none waits on another;
@@ -120,7 +97,7 @@ def _load_index(t, j0, total, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_pt
     return ins, srow, rrow, val, pick
 
 
-@_gjit
+@gjit
 def _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row,
               W: gl.constexpr, HAS_COMP: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Candidates j0 .. j0 + BLOCK_N - 1 of token t, from their index entries (`_load_index`) -> (row pointers
@@ -137,7 +114,7 @@ def _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, 
     return ptr, ok
 
 
-@_gjit
+@gjit
 def _issue(k_bufs, ok_bufs, j, n_tiles, ptr, ok, dims, STAGES: gl.constexpr):
     # Tile j's rows (if the token has it) into stage j % STAGES, its valid flags beside; one copy group a call.
     if j < n_tiles:
@@ -146,7 +123,7 @@ def _issue(k_bufs, ok_bufs, j, n_tiles, ptr, ok, dims, STAGES: gl.constexpr):
     async_copy.commit_group()
 
 
-@_gjit
+@gjit
 def _issue_fp8(st, ok_bufs, j, n_tiles, ptr, ok, STAGES: gl.constexpr, num_warps: gl.constexpr):
     # FP8 rows: tile j's bytes as stored (ops/cache_fp8.py: 448 e4m3 codes, 64 bf16 rope dims, 7 scale bytes) into
     # stage j % STAGES of the staging buffers st = (codes 0-255, 256-383, 384-447, rope, scales), 8 bytes a copy.
@@ -161,7 +138,7 @@ def _issue_fp8(st, ok_bufs, j, n_tiles, ptr, ok, STAGES: gl.constexpr, num_warps
     async_copy.commit_group()
 
 
-@_gjit
+@gjit
 def _copy(dst, ptr, START: gl.constexpr, num_warps: gl.constexpr):
     # Bytes START .. of each row at ptr [N] into dst [N, WIDTH]: 8 bytes a thread a copy (rows are 8-byte aligned).
     WIDTH: gl.constexpr = dst.shape[1]
@@ -173,7 +150,7 @@ def _copy(dst, ptr, START: gl.constexpr, num_warps: gl.constexpr):
     async_copy.async_copy_global_to_shared(dst, p[:, None] + cols[None, :])
 
 
-@_gjit
+@gjit
 def _decode(st, s, k_tile, num_warps: gl.constexpr):
     # Stage s's FP8 rows -> k_tile [N, 512] in its dtype, 64 dims at a time: codes times their block's scale
     # 2^(v - 127) (exact), the rope dims' bf16 bits as they are.
@@ -194,7 +171,7 @@ def _decode(st, s, k_tile, num_warps: gl.constexpr):
     k_tile.slice(448, 64, 1).store((bits << 16).to(gl.float32, bitcast=True).to(dt))
 
 
-@_gjit
+@gjit
 def _attn_kernel(
     q_ptr, sq_t, sq_h, kv_ptr, skv_t, win_ptr, swin,
     in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_ptr, s_rr, valid_ptr, s_va,
@@ -219,7 +196,7 @@ def _attn_kernel(
     t = gl.program_id(0)
     heads = gl.arange(0, BLOCK_H, layout=row_l)
     dims = gl.arange(0, D, layout=gl.SliceLayout(0, cp_l))
-    _pdl_wait(PDL)
+    gl_pdl_wait(PDL)
     q = gl.load(q_ptr + t * sq_t + heads[:, None] * sq_h + dims[None, :], mask=(heads < H)[:, None], other=0.0)
     q_smem = gl.allocate_shared_memory(dt, [BLOCK_H, D], q_sl, q)
     if FP8:  # rows staged as stored, decoded into one tile a step
@@ -282,7 +259,7 @@ def _attn_kernel(
     _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D, DR, PDL, o_l, num_warps)
 
 
-@_gjit
+@gjit
 def _landed(k_bufs, st, s, STAGES: gl.constexpr, FP8: gl.constexpr, num_warps: gl.constexpr):
     # The MMA operand of the tile in stage s, once its copies have landed (FP8 rows: decoded into k_bufs[0]).
     async_copy.wait_group(STAGES - 1)  # this thread's copies of the tile have landed
@@ -298,7 +275,7 @@ def _landed(k_bufs, st, s, STAGES: gl.constexpr, FP8: gl.constexpr, num_warps: g
     return k_tile
 
 
-@_gjit
+@gjit
 def _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale):
     # One tile into the online softmax (base 2): S = Q K^T, its valid columns, P through shared memory, O += P K.
     o_l: gl.constexpr = o.type.layout
@@ -317,7 +294,7 @@ def _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale):
     return m_new, den, o
 
 
-@_gjit
+@gjit
 def _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D: gl.constexpr, DR: gl.constexpr, PDL: gl.constexpr,
            o_l: gl.constexpr, num_warps: gl.constexpr):
     # o / den in the run dtype, then the inverse rotary of its last DR dims (GPT-J pairs) on the rounded values
@@ -333,7 +310,7 @@ def _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D: gl.constexpr, DR: gl
     i = gl.arange(0, DR // 2, layout=gl.SliceLayout(0, pair_l))
     c = gl.load(cis_ptr + t * s_cis + 2 * i)
     sn = gl.load(cis_ptr + t * s_cis + 2 * i + 1)
-    _pdl_trigger(PDL)
+    gl_pdl_trigger(PDL)
     gl.store(row + dims[None, :], ob, mask=(heads < H)[:, None])
     gl.thread_barrier()  # the rounded rows are visible to the whole program
     hp = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, pair_l))
