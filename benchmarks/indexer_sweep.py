@@ -27,7 +27,7 @@ from tp_runtime.bench.record_file import version_of, write_records
 from tp_runtime.config import ModelConfig
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.cache_fp8 import quantize_keys
-from tp_runtime.ops.indexer_topk import TopkConfig, indexer_topk, topk_config
+from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config
 
 M = ModelConfig()
 IH, ID, K = M.index_n_heads, M.index_head_dim, M.index_topk
@@ -38,10 +38,13 @@ DT = torch.bfloat16
 VARIANTS = {
     "fused": dict(select="fused", chunk=1024),
     "radix": dict(select="radix", chunk=2048),  # the separate select kernel
-    "fused hi11": dict(select="fused", chunk=1024, hi_bits=11),
-    "fused hi8": dict(select="fused", chunk=1024, hi_bits=8),
-    "fused lo10": dict(select="fused", chunk=1024, lo_bits=10),
-    "fused chunk2048": dict(select="fused", chunk=2048),
+    "radix w16 c4096": dict(select="radix", chunk=4096, select_warps=16),
+    "radix w32 c8192": dict(select="radix", chunk=8192, select_warps=32),
+    "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
+    "regs w16": dict(select="regs", chunk=1024, select_warps=16),
+    "regs w32": dict(select="regs", chunk=1024, select_warps=32),
+    "fused c4096": dict(select="fused", chunk=4096),
+    "fused w8 c4096": dict(select="fused", chunk=4096, num_warps=8),
 }
 
 
@@ -70,18 +73,23 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
         got = indexer_topk(*args, N_KEYS, K, config=cfg, q_fp8=q_fp8).sort(dim=1).values
         rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", q="e4m3" if q_fp8 else "bf16",
                           variant=name, config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
+    score = dict(rows["fused"], variant="score kernel alone", samples_ms=[])  # the select's share: the rest
     for _ in range(rounds):
         for name, cfg in cfgs.items():
             t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8), dev,
                              budget_ms=(5, 30), flush_l2=True)
             rows[name]["samples_ms"].append(t.median_ms)
+        t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["radix"]), dev,
+                         budget_ms=(5, 30), flush_l2=True)
+        score["samples_ms"].append(t.median_ms)
+    rows[score["variant"]] = score
     for r in rows.values():
         r["us"] = 1e3 * statistics.median(r["samples_ms"])
     return list(rows.values())
 
 
 def table(rows: list[dict], env: dict) -> str:
-    names = list(VARIANTS)
+    names = list(VARIANTS) + ["score kernel alone"]
     lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
              f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
              "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                 for iq in a.indexer_q:
                     rows += point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3")
                     print(f"batch {batch} ctx {ctx} keys {'fp8' if fp8 else 'bf16'} q {iq}: "
-                          + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS):])
+                          + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS) - 1:])
                           + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     env = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
                triton=version_of("triton"), max_len=MAX_LEN, dtype=str(DT), rounds=a.rounds, sms=n_sm)

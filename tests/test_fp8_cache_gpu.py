@@ -58,7 +58,7 @@ from test_kernels_gpu import (  # noqa: E402
     rel_err, run_both, topk_case)
 
 from tp_runtime.ops.cache_fp8 import load_keys, load_rows, quantize_vectors, store_key, store_row  # noqa: E402
-from tp_runtime.ops.indexer_topk import indexer_scores, indexer_topk  # noqa: E402
+from tp_runtime.ops.indexer_topk import SELECTS, indexer_scores, indexer_topk  # noqa: E402
 from tp_runtime.ops.rope import prepare_heads  # noqa: E402
 from tp_runtime.ops.sparse_attention import AttnConfig  # noqa: E402
 
@@ -362,7 +362,7 @@ FP8_DOT_DIMS = {"flash": (FLASH.index_n_heads, FLASH.index_head_dim, FLASH.index
 
 
 @pytest.mark.parametrize("integer", [True, False], ids=["integer", "float"])
-@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("select", SELECTS)
 @pytest.mark.parametrize("T", [1, 3] if INTERPRET else [1, 3, 8, 33])
 @pytest.mark.parametrize("dims", ["small"] if INTERPRET else ["flash", "small"])
 def test_fp8_dot_topk_against_the_torch_path(dims, T, select, integer):

@@ -37,7 +37,7 @@ triton = pytest.importorskip("triton")
 pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
-from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config
+from tp_runtime.ops.indexer_topk import SELECTS, TopkConfig, indexer_scores, indexer_topk, topk_config
 from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink
 
 FLASH = ModelConfig()  # the released Flash dims are the defaults
@@ -264,7 +264,7 @@ def _config(n_tokens: int, n_keys: int, **change) -> TopkConfig:
     return topk_config(n_tokens, n_keys, 132)._replace(**change)
 
 
-@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("select", SELECTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_topk_exact_ties_and_counts(dtype, select):
     # Integer inputs: many exact ties (relu zeros, equal sums). Counts: none, fewer than K, exactly K,
@@ -293,7 +293,28 @@ def test_topk_long_context(change):
     check_topk(case, n_keys, k, exact=True, config=_config(len(nv), n_keys, **change))
 
 
-@pytest.mark.parametrize("change", FUSED_CONFIGS[:2], ids=["default", "hi8"])
+# Register selects: 8-bit digits from 1024 scores up (the default), 11-bit digits (a last digit of 10) from 256
+# up with 4 warps (7 register sizes), 5-bit digits (a last of 2) with 16 warps.
+REGS_CONFIGS = [dict(select="regs"), dict(select="regs", lo_bits=11, chunk=256, select_warps=4),
+                dict(select="regs", lo_bits=5, select_warps=16)]
+
+
+@pytest.mark.parametrize("change", REGS_CONFIGS, ids=["default", "bits11", "bits5"])
+def test_topk_regs_equals_radix_at_every_register_size(change):
+    # Counts at and either side of each register size's edge (256 .. 16384 scores), K and K + 1, past
+    # n_keys; integer inputs (exact ties, all four digits resolved) and float ones (the passes stop early):
+    # the register select gives the radix select's picks in the same order (index order), bit for bit.
+    n_keys, k = 9236, 512
+    nv = [8192, 9236, 20000, 511, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097, 8193, 0]
+    for integer in (True, False):
+        case = topk_case(nv, n_keys, torch.float32, seed=23 + integer, integer=integer, n_heads=8, dim=16)
+        cfg = _config(len(nv), n_keys, **change)
+        check_topk(case, n_keys, k, exact=integer, config=cfg)
+        radix = indexer_topk(*case, n_keys, k, config=cfg._replace(select="radix", chunk=1024))
+        assert torch.equal(indexer_topk(*case, n_keys, k, config=cfg), radix)
+
+
+@pytest.mark.parametrize("change", FUSED_CONFIGS[:2] + REGS_CONFIGS[:1], ids=["default", "hi8", "regs"])
 def test_topk_long_context_ties_and_negative_scores(change):
     # w = 0 over 8192 keys: one bin holds every key, the later digits walk all of them; the K lowest
     # indices win. w <= 0: every score <= 0 (relu zeros give -0.0 and +0.0, which tie), the largest are
@@ -324,8 +345,8 @@ def test_topk_float_inputs(dtype):
     case = topk_case(nv, n_keys, dtype, seed=3, integer=False)
     check_topk(case, n_keys, k, exact=False)
     # The two selects see the same scores (the score kernel is shared): identical sets, float ties or not.
-    got = [indexer_topk(*case, n_keys, k, config=_config(len(nv), n_keys, select=s)) for s in ("fused", "radix")]
-    assert torch.equal(got[0].sort(dim=1).values, got[1].sort(dim=1).values)
+    got = [indexer_topk(*case, n_keys, k, config=_config(len(nv), n_keys, select=s)) for s in SELECTS]
+    assert all(torch.equal(got[0].sort(dim=1).values, g.sort(dim=1).values) for g in got[1:])
 
 
 def test_topk_shapes_and_small_heads():
@@ -343,7 +364,7 @@ def test_topk_shapes_and_small_heads():
 Q_FP8_DIMS = [(16, 32), (16, 48), (16, 128)] if INTERPRET else [(64, 128), (8, 48)]
 
 
-@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("select", SELECTS)
 @pytest.mark.parametrize("ih,idim", Q_FP8_DIMS)
 def test_topk_q_fp8_picks_and_scores_of_the_rounded_query(ih, idim, select):
     # Float inputs (the rounding moves q: the picks differ from the unrounded ones): the same picks as the
@@ -394,7 +415,7 @@ def test_kernels_replay_in_a_cuda_graph(ratio):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("select", ["fused", "radix"])
+@pytest.mark.parametrize("select", SELECTS)
 def test_topk_replays_in_a_cuda_graph_with_new_counts(select):
     # Captured on short contexts, replayed on long ones and back (n_valid, q, w, keys, slot copied in): each
     # replay equals the torch path on its inputs, and replays are deterministic (the fused select's bins

@@ -331,6 +331,85 @@ def _select_kernel(
         pdl_trigger(PDL)
 
 
+@jit
+def _order_key32(score):
+    """fp32 -> uint32 with the order of the floats (-0.0 and +0.0 equal): `_order_key` in 32 bits."""
+    b = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+    b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # signed order of the floats
+    return (b ^ -2147483648).to(tl.uint32, bitcast=True)  # the sign bit flipped: unsigned order
+
+
+@jit
+def _select_in_registers(row, o_row, n, K, N: tl.constexpr, BITS: tl.constexpr):
+    """The K picks of a token with K < n <= N scores at row, every key held in registers ([N], one load):
+    digit passes of BITS bits from the top (tl.histogram over the keys matching the bits found so far),
+    stopping early once the threshold digit's keys are all taken; then one pass takes the keys above the
+    threshold's known bits and, of those equal to them, the lowest indices (positions by prefix sums:
+    index order, as `_take` over every key)."""
+    PASSES: tl.constexpr = (32 + BITS - 1) // BITS
+    j = tl.arange(0, N)
+    live = j < n
+    key = _order_key32(tl.load(row + j, mask=live, other=0.0))  # [N] uint32
+    bins = tl.arange(0, 1 << BITS)
+    prefix = tl.zeros([], tl.uint32)  # the K-th largest key's bits found so far (above `low`)
+    low = tl.full([], 32, tl.int32)  # bits of the K-th largest key not yet known (-1 - low: stopped early)
+    want = K + tl.zeros([], tl.int32)  # keys still to take from those matching prefix's bits
+    for p in tl.static_range(PASSES):
+        HI = 32 - BITS * p  # this pass's digit: bits SHIFT .. HI - 1 (constexpr: p is)
+        SHIFT = HI - BITS if HI > BITS else 0
+        if low == HI:  # not stopped early
+            if p == 0:
+                match = live
+            else:
+                match = live & ((key >> HI) == (prefix >> HI))
+            digit = ((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32)
+            hist = tl.histogram(digit, 1 << BITS, mask=match)
+            above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
+            d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+            want -= tl.sum(tl.where(bins == d, above, 0), axis=0)
+            prefix = prefix | (d.to(tl.uint32) << SHIFT)
+            low = tl.full([], SHIFT, tl.int32)
+            if tl.sum(tl.where(bins == d, hist, 0), axis=0) == want:  # every key of the digit is taken
+                low = tl.full([], -1 - SHIFT, tl.int32)  # stop
+    low = tl.where(low < 0, -1 - low, low).to(tl.uint32)
+    hi_key = key >> low
+    hi_pre = prefix >> low
+    eq = (live & (hi_key == hi_pre)).to(tl.int32)
+    sel = (live & (hi_key > hi_pre)) | ((eq != 0) & (tl.cumsum(eq, axis=0) - eq < want))
+    si = sel.to(tl.int32)
+    tl.store(o_row + tl.cumsum(si, axis=0) - si, j.to(tl.int64), mask=sel)
+
+
+@jit
+def _select_regs_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K,
+    MIN_N: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program a token; its scores in registers, in the smallest of the sizes MIN_N, 2 MIN_N, ..
+    MIN_N 2^(LEVELS - 1) that holds its live count (each size its own code: a pass costs the registers'
+    size, not n_keys)."""
+    t = tl.program_id(0)
+    pdl_wait(PDL)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    row = score_ptr + t * s_score
+    o_row = out_ptr + t * s_out
+    if n <= K:
+        pdl_trigger(PDL)
+        _take_all(o_row, n, K, MIN_N)
+    else:
+        for e in tl.static_range(LEVELS):
+            if e == 0:
+                fits = n <= MIN_N
+            else:
+                fits = (n <= (MIN_N << e)) & (n > (MIN_N << (e - 1)))
+            if fits:
+                _select_in_registers(row, o_row, n, K, MIN_N << e, BITS)
+        pdl_trigger(PDL)
+
+
 class TopkConfig(NamedTuple):
     """Launch configuration of the kernels (fixed per shape; see `topk_config`)."""
 
@@ -344,7 +423,7 @@ class TopkConfig(NamedTuple):
     lo_bits: int = 8  # fused: width of each later digit (over the first digit's threshold bin only)
 
 
-SELECTS = ("fused", "radix")
+SELECTS = ("fused", "radix", "regs")
 
 
 def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
@@ -391,6 +470,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
         cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
         _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, (hist, cand, out))
+    elif cfg.select == "regs":
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, None)
+        np2 = triton.next_power_of_2(n_keys)
+        min_n = min(cfg.chunk, np2)
+        _select_regs_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
+                                  MIN_N=min_n, LEVELS=(np2 // min_n).bit_length(), BITS=cfg.lo_bits, PDL=pdl,
+                                  num_warps=cfg.select_warps, launch_pdl=pdl)
     else:
         _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, None)
         _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,

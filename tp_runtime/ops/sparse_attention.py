@@ -221,24 +221,28 @@ def _finish(acc, den, d0, upper, cis_row, out_row, heads, hmask, D: tl.constexpr
 def _combine_kernel(
     part_o_ptr, part_ml_ptr,  # [T, S, H, BLOCK_D], [T, S, H, 2] fp32 (m in log2 units)
     sink_ptr, cis_ptr, s_cis, out_ptr, s_out, H, n_splits,
-    D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    D: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_P2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    """The splits of BLOCK_H heads of a token summed: every split's partials loaded at once ([SPLITS_P2,
+    BLOCK_H, BLOCK_D], one round trip to memory: this kernel's time at small batch is latency), the sink
+    added, o / den rotated back and stored."""
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     d = tl.arange(0, BLOCK_D)
+    sp = tl.arange(0, SPLITS_P2)
+    row = (t * n_splits + sp[:, None]) * H + heads[None, :]  # [SPLITS_P2, BLOCK_H] partial rows
+    live = (sp < n_splits)[:, None] & hmask[None, :]
     pdl_wait(PDL)
     sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
-    m = sink
-    for sp in range(n_splits):
-        m = tl.maximum(m, tl.load(part_ml_ptr + ((t * n_splits + sp) * H + heads) * 2, mask=hmask, other=0.0))
-    den = tl.exp2(sink - m)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for sp in range(n_splits):
-        row = (t * n_splits + sp) * H + heads
-        w = tl.exp2(tl.load(part_ml_ptr + row * 2, mask=hmask, other=-1.0e30) - m)
-        den += w * tl.load(part_ml_ptr + row * 2 + 1, mask=hmask, other=0.0)
-        acc += w[:, None] * tl.load(part_o_ptr + row[:, None] * BLOCK_D + d[None, :], mask=hmask[:, None], other=0.0)
+    pm = tl.load(part_ml_ptr + row * 2, mask=live, other=-1.0e30)
+    pden = tl.load(part_ml_ptr + row * 2 + 1, mask=live, other=0.0)
+    po = tl.load(part_o_ptr + row[:, :, None] * BLOCK_D + d[None, None, :], mask=live[:, :, None], other=0.0)
+    m = tl.maximum(sink, tl.max(pm, axis=0))  # [BLOCK_H]
+    w = tl.exp2(pm - m[None, :])  # [SPLITS_P2, BLOCK_H]: a split's weight (0 for rows past n_splits)
+    den = tl.exp2(sink - m) + tl.sum(w * pden, axis=0)
+    acc = tl.sum(w[:, :, None] * po, axis=0)  # [BLOCK_H, BLOCK_D]
     o = rotate_pairs(acc / den[:, None], cis_ptr + t * s_cis, BLOCK_H, BLOCK_D, D, DR, True)
     pdl_trigger(PDL)
     tl.store(out_ptr + t * s_out + heads[:, None] * D + d[None, :], o.to(out_ptr.dtype.element_ty),
@@ -332,7 +336,7 @@ def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
 # the Gluon kernel's one configuration: 64 heads, two stages of 64 rows, 8 warps, never split
 WGMMA = AttnConfig(64, 64, 8, 2, 1 << 30, kernel="wgmma")
 
-COMBINE_HEADS = 4  # heads per program of the combine: T x Hl / 4 programs sum the splits in parallel
+COMBINE_HEADS = 1  # heads per program of the combine: T x Hl programs sum the splits in parallel
 
 
 def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
@@ -395,6 +399,8 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     if splits > 1:
+        sp2 = triton.next_power_of_2(splits)  # a program holds sp2 x block_d partial values: 64 a thread at most
         _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](
             part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
-            D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, PDL=pdl, num_warps=4, launch_pdl=pdl)
+            D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, SPLITS_P2=sp2, PDL=pdl,
+            num_warps=min(16, max(4, sp2 * COMBINE_HEADS * block_d // 2048)), launch_pdl=pdl)
