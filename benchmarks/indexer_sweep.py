@@ -17,6 +17,7 @@ Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -63,8 +64,16 @@ def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple:
     return q, w, quantize_keys(keys) if fp8 else keys, slot, n_valid
 
 
+def load_baseline(path: Path):
+    """The module of another ops/indexer_topk.py (`git show REV:tp_runtime/ops/indexer_topk.py > FILE`)."""
+    spec = importlib.util.spec_from_file_location("baseline_indexer_topk", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int,
-          q_fp8: bool = False) -> list[dict]:
+          q_fp8: bool = False, base=None) -> list[dict]:
     args = inputs(batch, ctx, fp8, dev)
     cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
     ref = indexer_topk(*args, N_KEYS, K, config=cfgs["fused"], q_fp8=q_fp8).sort(dim=1).values
@@ -82,6 +91,12 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
         t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["radix"]), dev,
                          budget_ms=(5, 30), flush_l2=True)
         score["samples_ms"].append(t.median_ms)
+        if base is not None:  # its own default configuration
+            for name, fn in (("baseline", base.indexer_topk), ("baseline score kernel", base.indexer_scores)):
+                kw = dict(q_fp8=q_fp8) if fn is base.indexer_scores else dict(q_fp8=q_fp8, k=K)
+                t = graph_timing(lambda f=fn, kw=kw: f(*args, N_KEYS, **kw), dev, budget_ms=(5, 30), flush_l2=True)
+                rows.setdefault(name, dict(score, variant=name, config=None, samples_ms=[]))["samples_ms"].append(
+                    t.median_ms)
     rows[score["variant"]] = score
     for r in rows.values():
         r["us"] = 1e3 * statistics.median(r["samples_ms"])
@@ -89,7 +104,7 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
 
 
 def table(rows: list[dict], env: dict) -> str:
-    names = list(VARIANTS) + ["score kernel alone"]
+    names = list(dict.fromkeys(r["variant"] for r in rows))
     lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
              f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
              "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
@@ -111,6 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    ap.add_argument("--baseline", type=Path, help="another ops/indexer_topk.py, timed beside (its defaults)")
     ap.add_argument("--indexer-q", nargs="+", choices=["bf16", "e4m3"], default=["bf16"],
                     help="query formats (runtime.indexer_q); e4m3 over FP8 keys times the FP8-dot score kernel")
     return ap.parse_args(argv)
@@ -121,15 +137,17 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device("cuda")
     a.out.mkdir(parents=True, exist_ok=True)
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    base = load_baseline(a.baseline) if a.baseline else None
     t0 = time.perf_counter()
     rows = []
     for batch in a.batches:
         for ctx in a.contexts:
             for fp8 in (False, True):
                 for iq in a.indexer_q:
-                    rows += point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3")
+                    got = point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3", base=base)
+                    rows += got
                     print(f"batch {batch} ctx {ctx} keys {'fp8' if fp8 else 'bf16'} q {iq}: "
-                          + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-len(VARIANTS) - 1:])
+                          + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in got)
                           + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     env = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__, cuda=torch.version.cuda,
                triton=version_of("triton"), max_len=MAX_LEN, dtype=str(DT), rounds=a.rounds, sms=n_sm)
