@@ -76,7 +76,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, quantize_vectors
+from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, load_keys, quantize_vectors
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 
 
@@ -110,20 +110,17 @@ def _score_kernel(
         if Q_FP8:  # runtime.indexer_q=e4m3: each head's q rounded once for the run (FP8 keys: q becomes codes)
             q, w = _round_q(q, w, FP8)
         base = k_ptr + tl.load(slot_ptr + t) * sk_slot
-        if FP8:  # the run's key scales, loaded once: the loop's only loads are the key codes
+        if FP8 and Q_FP8:  # the run's key scales, loaded once: the loop's only loads are the key codes
             run_scales = _run_key_scales(base, start, n, sk_row, ID, BLOCKS, BLOCKS_P2, BLOCK_N, ROW_ALIGN)
         for b0 in range(start, tl.minimum(start + BLOCK_N * BLOCKS, n), BLOCK_N):
             s = b0 + tl.arange(0, BLOCK_N)
             km = s < n
             row = base + tl.multiple_of(s.to(tl.int64) * sk_row, ROW_ALIGN)  # [BLOCK_N] row pointers
-            if FP8:  # the dot of the keys' codes, times each key's scale after (exact: a power of two)
+            if FP8 and Q_FP8:
                 k_scale = _block_row(run_scales, (b0 - start) // BLOCK_N)  # [BLOCK_N]
-                if Q_FP8:
-                    score = _fp8_dot_scores(q, w, row, d, km, ID) * k_scale * scale  # [BLOCK_N]
-                else:
-                    score = _code_dot_scores(q, w, row, d, km, ID, PRECISION) * k_scale * scale
+                score = _fp8_dot_scores(q, w, row, d, km, ID) * k_scale * scale  # [BLOCK_N]
             else:
-                score = _dot_scores(q, w, row, d, km, ID, PRECISION) * scale  # [BLOCK_N]
+                score = _dot_scores(q, w, row, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
             if FUSED:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
                 digit = (_order_key(score) >> (32 - HI_BITS)).to(tl.int32)
@@ -158,22 +155,13 @@ def _round_q(q, w, FP8: tl.constexpr):
 
 
 @jit
-def _dot_scores(q, w, row, d, km, ID: tl.constexpr, PRECISION: tl.constexpr):
+def _dot_scores(q, w, row, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
     """sum_h w[h] * relu(q[h] . key[n]) [BLOCK_N] for the keys at row pointers row [BLOCK_N] (km: valid), in
-    q's dtype on the tensor cores."""
-    k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
-    logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
-    return tl.sum(logits * w[:, None], axis=0)
-
-
-@jit
-def _code_dot_scores(q, w, row, d, km, ID: tl.constexpr, PRECISION: tl.constexpr):
-    """sum_h w[h] * relu(q[h] . codes[n]) [BLOCK_N]: `_dot_scores` over the FP8 keys' e4m3 codes converted to
-    q's dtype (exact), unscaled. A key is its codes times a power-of-two scale, and scaling by a power of two
-    commutes with every rounding of the dot and the sum: this times the key's scale is, bit for bit, the
-    score of the decoded key, for one conversion a value instead of a decode."""
-    codes = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0)  # uint8: in flight
-    k = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+    q's dtype on the tensor cores; FP8 keys decoded in registers (e4m3 times the key's scale: exact)."""
+    if FP8:
+        k = load_keys(row, d, km, ID).to(q.dtype)
+    else:
+        k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
     logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
     return tl.sum(logits * w[:, None], axis=0)
 
