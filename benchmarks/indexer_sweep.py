@@ -40,12 +40,13 @@ VARIANTS = {
     "fused": dict(select="fused", chunk=1024),
     "radix": dict(select="radix", chunk=2048),  # the separate select kernel
     "radix w16 c4096": dict(select="radix", chunk=4096, select_warps=16),
-    "radix w32 c8192": dict(select="radix", chunk=8192, select_warps=32),
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
     "regs w16": dict(select="regs", chunk=1024, select_warps=16),
-    "regs w32": dict(select="regs", chunk=1024, select_warps=32),
-    "fused c4096": dict(select="fused", chunk=4096),
-    "fused w8 c4096": dict(select="fused", chunk=4096, num_warps=8),
+    "split w4": dict(select="split", chunk=1024, select_warps=4),  # runs of 1024 scores, several a token
+    "split w8": dict(select="split", chunk=1024, select_warps=8),
+    "split c2048 w8": dict(select="split", chunk=2048, select_warps=8),
+    "split c512 w4": dict(select="split", chunk=512, select_warps=4),
+    "split hi13 w8": dict(select="split", chunk=1024, select_warps=8, hi_bits=13),
 }
 
 

@@ -280,9 +280,14 @@ def test_topk_exact_ties_and_counts(dtype, select):
 # program (145, 49 or 19 programs a token at 9236 keys), steps of 64 scores (many steps per pass) or 1024.
 FUSED_CONFIGS = [dict(), dict(hi_bits=8, lo_bits=8, blocks=8, chunk=64), dict(hi_bits=11, lo_bits=10, blocks=1),
                  dict(hi_bits=12, lo_bits=5, chunk=64, blocks=3)]
+# Split selects: runs of 1024 scores (10 a token at 9236 keys), of 256 with an 8-bit first digit (bins so wide
+# that the threshold bin's keys outgrow the sort and go digit by digit), of 2048 with 5-bit later digits.
+SPLIT_CONFIGS = [dict(select="split"), dict(select="split", chunk=256, hi_bits=8, select_warps=4),
+                 dict(select="split", chunk=2048, lo_bits=5)]
 
 
-@pytest.mark.parametrize("change", FUSED_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "dflt")
+@pytest.mark.parametrize("change", FUSED_CONFIGS + SPLIT_CONFIGS,
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "dflt")
 def test_topk_long_context(change):
     # A 32K-context step's key counts (n_keys = 9236 = max_len / 4): 8192+ keys over many score programs a
     # token, counts around K, all valid; integer inputs (exact ties). 8 heads of 16 dims keep the
@@ -314,7 +319,8 @@ def test_topk_regs_equals_radix_at_every_register_size(change):
         assert torch.equal(indexer_topk(*case, n_keys, k, config=cfg), radix)
 
 
-@pytest.mark.parametrize("change", FUSED_CONFIGS[:2] + REGS_CONFIGS[:1], ids=["default", "hi8", "regs"])
+@pytest.mark.parametrize("change", FUSED_CONFIGS[:2] + REGS_CONFIGS[:1] + SPLIT_CONFIGS[:2],
+                         ids=["default", "hi8", "regs", "split", "split-hi8"])
 def test_topk_long_context_ties_and_negative_scores(change):
     # w = 0 over 8192 keys: one bin holds every key, the later digits walk all of them; the K lowest
     # indices win. w <= 0: every score <= 0 (relu zeros give -0.0 and +0.0, which tie), the largest are

@@ -87,13 +87,14 @@ def _score_kernel(
     k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous (FP8: uint8 [slots, N, Id + 4])
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
-    hist_ptr, s_hist,  # FUSED: zeroed scratch [T, 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
+    hist_ptr, s_hist,  # BINS: zeroed scratch [T, 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
     cand_ptr, s_cand,  # FUSED: scratch [T, n_keys] int32 (indices of the first digit's threshold bin)
     out_ptr, s_out,  # FUSED: [T, K] long
     n_keys, K, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, FUSED: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
+    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, BINS: tl.constexpr, FUSED: tl.constexpr, HI_BITS: tl.constexpr,
+    LO_BITS: tl.constexpr,
     LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -122,7 +123,7 @@ def _score_kernel(
             else:
                 score = _dot_scores(q, w, row, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
-            if FUSED:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
+            if BINS:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
                 digit = (_order_key(score) >> (32 - HI_BITS)).to(tl.int32)
                 tl.atomic_add(hist_ptr + t * s_hist + digit, 1, mask=km, sem="relaxed")
         if not FUSED:
@@ -410,6 +411,118 @@ def _select_regs_kernel(
         pdl_trigger(PDL)
 
 
+@jit
+def _threshold_bin(hist_row, K, HI_BITS: tl.constexpr):
+    """From a token's first-digit bins [2^HI_BITS] (other programs' atomics: read from L2): (the bin b that
+    holds the K-th largest key, keys still to take from it)."""
+    bins = tl.arange(0, 1 << HI_BITS)
+    hist = tl.load(hist_row + bins, cache_modifier=".cg")
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher bins
+    b = tl.max(tl.where((above < K) & (above + hist >= K), bins, -1), axis=0)
+    return b, K - tl.sum(tl.where(bins == b, above, 0), axis=0)
+
+
+@jit
+def _run_lists(part_row, at, start, count, pos, live):
+    """Entries pos [P] of the runs' lists joined in run order (run r's: count[r] entries from part_row + at[r];
+    start [R]: count's exclusive prefix sum) -> [P] int32, 0 where not live."""
+    end = start + count
+    r = tl.sum((end[None, :] <= pos[:, None]).to(tl.int32), axis=1)  # the runs ending at or before pos: its run
+    pick = tl.arange(0, start.shape[0])[None, :] == r[:, None]  # [P, R]
+    base = tl.sum(tl.where(pick, (at - start)[None, :], 0), axis=1)  # its list's offset less its first entry
+    return tl.load(part_row + base + pos, mask=live, other=0, cache_modifier=".cg")
+
+
+@jit
+def _split_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    hist_ptr, s_hist,  # [T, 2^HI_BITS + 1] int32: the first digit's bins (the score kernel's), then arrivals
+    part_ptr,  # scratch [T, R, SLICE] int32: run r's picks from its start, its threshold-bin keys at its end
+    cnt_ptr,  # scratch [T, R, 2] int32: run r's counts of both
+    cand_ptr, s_cand,  # scratch [T, n_keys] int32 (the threshold bin's keys, where more than RANK_N)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K, R,
+    SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
+    LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program (t, r): run r (SLICE scores) of token t, against the threshold bin b of the first digit (its
+    bins counted by the score kernel's programs): keys of higher bins listed as picks, those of bin b as
+    candidates, both in index order, with their counts. The token's last run to arrive (an acq_rel count)
+    finishes (`_split_finish`)."""
+    t = tl.program_id(0)
+    r = tl.program_id(1)
+    start = r * SLICE
+    pdl_wait(PDL)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    o_row = out_ptr + t * s_out
+    if n <= K:
+        if r == 0:
+            _take_all(o_row, n, K, CHUNK)
+        pdl_trigger(PDL)
+    elif start < n:
+        row = score_ptr + t * s_score
+        b, want = _threshold_bin(hist_ptr + t * s_hist, K, HI_BITS)
+        j = start + tl.arange(0, SLICE)
+        m = j < n
+        digit = (_order_key(tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")) >> (32 - HI_BITS))
+        gt = (m & (digit > b)).to(tl.int32)
+        eq = (m & (digit == b)).to(tl.int32)
+        n_eq = tl.sum(eq, axis=0)
+        part = part_ptr + (t * R + r) * SLICE
+        tl.store(part + tl.cumsum(gt, axis=0) - gt, j, mask=gt != 0)
+        tl.store(part + SLICE - n_eq + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
+        tl.store(cnt_ptr + (t * R + r) * 2, tl.sum(gt, axis=0))
+        tl.store(cnt_ptr + (t * R + r) * 2 + 1, n_eq)
+        tl.debug_barrier()  # every thread's stores of this program before the release
+        if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == tl.cdiv(n, SLICE) - 1:
+            _split_finish(row, part_ptr + t * R * SLICE, cnt_ptr + t * R * 2, cand_ptr + t * s_cand, o_row, n,
+                          want, b, tl.cdiv(n, SLICE), SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
+                          CHUNK)
+        pdl_trigger(PDL)
+
+
+@jit
+def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, SLICE: tl.constexpr,
+                  R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
+                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr):
+    """The token's picks from its runs' lists: every run's picks, in run order (one gather: fewer than K), then
+    `want` of the threshold bin's keys: sorted at once where at most RANK_N (by key, ties to the lower index),
+    else listed and resolved digit by digit as the fused select does."""
+    runs = tl.arange(0, R_P2)
+    rm = runs < n_runs
+    c_gt = tl.load(cnt_row + runs * 2, mask=rm, other=0, cache_modifier=".cg")
+    c_eq = tl.load(cnt_row + runs * 2 + 1, mask=rm, other=0, cache_modifier=".cg")
+    s_gt = tl.cumsum(c_gt, axis=0) - c_gt
+    s_eq = tl.cumsum(c_eq, axis=0) - c_eq
+    taken = tl.sum(c_gt, axis=0)
+    n_cand = tl.sum(c_eq, axis=0)
+    runs_at = runs * SLICE
+    p = tl.arange(0, K_P2)
+    tl.store(o_row + p, _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken).to(tl.int64), mask=p < taken)
+    if n_cand <= RANK_N:
+        c = tl.arange(0, RANK_N)
+        cm = c < n_cand
+        idx = _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm)  # [RANK_N] in index order
+        key = _order_key32(tl.load(row + idx, mask=cm, other=0.0, cache_modifier=".cg"))  # [RANK_N] uint32
+        # one sort, largest first, of (key, then the lower index first): its first `want` are the picks
+        low = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - idx.to(tl.uint64)
+        order = tl.sort(tl.where(cm, (key.to(tl.uint64) << 32) | low, 0), descending=True)
+        picked = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - (order & 0xFFFFFFFF)
+        tl.store(o_row + taken + c, picked.to(tl.int64), mask=c < want)
+    else:
+        for c0 in range(0, n_cand, RANK_N):
+            c = c0 + tl.arange(0, RANK_N)
+            cm = c < n_cand
+            tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
+        tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
+        prefix = b.to(tl.int64) << (32 - HI_BITS)
+        for q in tl.static_range(LO_PASSES):
+            prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * q, LO_BITS,
+                                       CHUNK)
+        _take(row, cand_row, o_row + taken, n_cand, prefix, want, True, ".cg", CHUNK)
+
+
 class TopkConfig(NamedTuple):
     """Launch configuration of the kernels (fixed per shape; see `topk_config`)."""
 
@@ -423,7 +536,8 @@ class TopkConfig(NamedTuple):
     lo_bits: int = 8  # fused: width of each later digit (over the first digit's threshold bin only)
 
 
-SELECTS = ("fused", "radix", "regs")
+SELECTS = ("fused", "radix", "regs", "split")
+RANK_N = 512  # split: threshold-bin keys sorted at once up to this many
 
 
 def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
@@ -441,9 +555,7 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     (few tokens, long contexts); with many tokens its bins' memset and atomics cost more than it saves."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    if n_tokens <= 8:
-        return TopkConfig(64, blocks, 4, 1024, 8, "fused")
-    return TopkConfig(64, blocks, 4, 2048, 8, "radix")
+    return TopkConfig(64, blocks, 4, 1024, 8, "split")
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -469,16 +581,29 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     if cfg.select == "fused":  # the first digit's bins and the arrival count: zeroed in the stream, first
         hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
         cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, (hist, cand, out))
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
+    elif cfg.select == "split":  # bins zeroed first, as fused; then runs of `chunk` scores, several a token
+        hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
+        runs = triton.cdiv(n_keys, cfg.chunk)
+        part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=q.device)
+        cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=q.device)
+        cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist)
+        _split_kernel[(T, runs)](
+            scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
+            out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
+            K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
+            LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps,
+            launch_pdl=pdl)
     elif cfg.select == "regs":
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, None)
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
         np2 = triton.next_power_of_2(n_keys)
         min_n = min(cfg.chunk, np2)
         _select_regs_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
                                   MIN_N=min_n, LEVELS=(np2 // min_n).bit_length(), BITS=cfg.lo_bits, PDL=pdl,
                                   num_warps=cfg.select_warps, launch_pdl=pdl)
     else:
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, None)
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
         _select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
                              CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
     return out
@@ -492,19 +617,22 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if T and n_keys:
         cfg = config or topk_config(T, n_keys, sm_count(q.device))
-        _launch_scores(q, w, keys, slot, n_valid, 0, cfg, False, q_fp8, scores, None)  # k: read by selects only
+        _launch_scores(q, w, keys, slot, n_valid, 0, cfg, False, q_fp8, scores)  # k: read by selects only
     return scores
 
 
 def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
                    k: int, cfg: TopkConfig, pdl: bool, q_fp8: bool, scores: torch.Tensor,
-                   fused: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
-    """The score kernel into scores [T, n_keys]; fused = (bins, list, picks [T, k]) selects in the same launch."""
+                   hist: torch.Tensor | None = None, fused: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """The score kernel into scores [T, n_keys]; with hist (zeroed [T, 2^hi_bits + 1] int32) its programs count
+    the first digit's bins; with fused = (list, picks [T, k]) too, the token's last program selects."""
     T, ih, idim = q.shape
     n_keys = scores.shape[1]
     assert q.stride(2) == 1 and keys.stride(2) == 1
     fp8 = keys.dtype == torch.uint8
-    hist, cand, out = fused if fused is not None else (scores, scores, scores)  # not read unless fused
+    cand, out = fused if fused is not None else (scores, scores)  # not read unless fused
+    bins = hist is not None
+    hist = hist if bins else scores  # not read without bins
     block_h = max(16, triton.next_power_of_2(ih))
     # The FP8 dot takes 32 e4m3 values of K an instruction (wgmma): Id below 32 is masked up to it.
     block_d = max(32 if fp8 and q_fp8 else 16, triton.next_power_of_2(idim))
@@ -516,6 +644,6 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
         BLOCKS_P2=triton.next_power_of_2(cfg.blocks),
         PRECISION=precision, FP8=fp8, Q_FP8=q_fp8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
-        FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
+        BINS=bins, FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
         LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps,
         num_stages=2, launch_pdl=pdl)
