@@ -1,17 +1,18 @@
 """Time the indexer's score + top-K select (ops/indexer_topk.py) per variant, Flash dims, one decode token a sequence.
 
     python -m benchmarks.indexer_sweep OUT_DIR [--rounds 3] [--batches 1 32 128] [--contexts 4096 32768]
-        [--indexer-q bf16 e4m3]
+        [--indexer-q bf16 e4m3] [--baseline FILE]
 
 Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_keys x query: bf16, or e4m3 as
 runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kernel), the variants of
-VARIANTS below: the separate one-program-per-token radix select ("radix"), the fused select at its default
-configuration ("fused") and a few other fused configurations. Sized from MAX_LEN (n_keys = MAX_LEN / 4 as
-the full graph runs it); each token has context / 4 live keys. Each variant is captured in a CUDA graph
-and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in
-turn, `rounds` times (interleaved, so drift hits all alike), and the median of the round medians is kept.
-Each variant's picks must equal the default's as sets (`same` in the table; the run fails otherwise).
-Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
+VARIANTS below (topk_config's choice, "default", and the other selects), the score kernel alone (what the
+select adds is the rest) and, with --baseline, another ops/indexer_topk.py at its own defaults (its
+whole top-K and its score kernel: `git show REV:tp_runtime/ops/indexer_topk.py > FILE`). Sized from MAX_LEN
+(n_keys = MAX_LEN / 4 as the full graph runs it); each token has context / 4 live keys. Each variant is
+captured in a CUDA graph and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the
+variants are timed in turn, `rounds` times (interleaved, so drift hits all alike), and the median of the
+round medians is kept. Each variant's picks must equal the default's as sets (`same` in the table; the run
+fails otherwise). Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations
@@ -35,18 +36,13 @@ IH, ID, K = M.index_n_heads, M.index_head_dim, M.index_topk
 MAX_LEN = 36944  # the full-graph bench's runtime.max_len (32K contexts + decode room), as benchmarks/time_kernels
 N_KEYS = MAX_LEN // 4
 DT = torch.bfloat16
-# name -> changes to topk_config's choice ("fused" first: the default every other variant is checked against)
+# name -> changes to topk_config's choice
 VARIANTS = {
+    "default": dict(),  # topk_config's choice (the split select, runs of 2048); the others are checked against it
     "fused": dict(select="fused", chunk=1024),
-    "radix": dict(select="radix", chunk=2048),  # the separate select kernel
-    "radix w16 c4096": dict(select="radix", chunk=4096, select_warps=16),
+    "radix": dict(select="radix", chunk=2048),  # the separate one-program-per-token select
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
-    "regs w16": dict(select="regs", chunk=1024, select_warps=16),
-    "split w4": dict(select="split", chunk=1024, select_warps=4),  # runs of 1024 scores, several a token
-    "split w8": dict(select="split", chunk=1024, select_warps=8),
-    "split c2048 w8": dict(select="split", chunk=2048, select_warps=8),
-    "split c512 w4": dict(select="split", chunk=512, select_warps=4),
-    "split hi13 w8": dict(select="split", chunk=1024, select_warps=8, hi_bits=13),
+    "split c1024": dict(select="split", chunk=1024, select_warps=8),  # runs of 1024 scores
 }
 
 
@@ -77,13 +73,13 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
           q_fp8: bool = False, base=None) -> list[dict]:
     args = inputs(batch, ctx, fp8, dev)
     cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
-    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["fused"], q_fp8=q_fp8).sort(dim=1).values
+    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["default"], q_fp8=q_fp8).sort(dim=1).values
     rows = {}
     for name, cfg in cfgs.items():  # compile and check outside the timing
         got = indexer_topk(*args, N_KEYS, K, config=cfg, q_fp8=q_fp8).sort(dim=1).values
         rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", q="e4m3" if q_fp8 else "bf16",
                           variant=name, config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
-    score = dict(rows["fused"], variant="score kernel alone", samples_ms=[])  # the select's share: the rest
+    score = dict(rows["default"], variant="score kernel alone", samples_ms=[])  # the select's share: the rest
     for _ in range(rounds):
         for name, cfg in cfgs.items():
             t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8), dev,
@@ -108,7 +104,7 @@ def table(rows: list[dict], env: dict) -> str:
     names = list(dict.fromkeys(r["variant"] for r in rows))
     lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
              f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
-             "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / fused | same sets |",
+             "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / default | same sets |",
              "|---|---|---|---|" + "---|" * (len(names) + 2)]
     by_point: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -117,7 +113,7 @@ def table(rows: list[dict], env: dict) -> str:
         differ = [n for n, x in v.items() if not x["same"]]
         same = "NO: " + ", ".join(differ) if differ else "yes"
         lines.append(f"| {b} | {c // 1024}K | {kf} | {qf} | " + " | ".join(f"{v[n]['us']:.1f}" for n in names) +
-                     f" | {v['radix']['us'] / v['fused']['us']:.2f}x | {same} |")
+                     f" | {v['radix']['us'] / v['default']['us']:.2f}x | {same} |")
     return "\n".join(lines) + "\n"
 
 

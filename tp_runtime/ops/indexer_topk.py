@@ -93,8 +93,8 @@ def _score_kernel(
     n_keys, K, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, BINS: tl.constexpr, FUSED: tl.constexpr, HI_BITS: tl.constexpr,
-    LO_BITS: tl.constexpr,
+    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, BINS: tl.constexpr, BINS_FROM: tl.constexpr, FUSED: tl.constexpr,
+    HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
     LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -125,7 +125,7 @@ def _score_kernel(
             tl.store(score_ptr + t * s_score + s, score, mask=km)
             if BINS:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
                 digit = (_order_key(score) >> (32 - HI_BITS)).to(tl.int32)
-                tl.atomic_add(hist_ptr + t * s_hist + digit, 1, mask=km, sem="relaxed")
+                tl.atomic_add(hist_ptr + t * s_hist + digit, 1, mask=km & (n > BINS_FROM), sem="relaxed")
         if not FUSED:
             pdl_trigger(PDL)
     if FUSED:
@@ -382,6 +382,19 @@ def _select_in_registers(row, o_row, n, K, N: tl.constexpr, BITS: tl.constexpr):
 
 
 @jit
+def _select_in_register_sizes(row, o_row, n, K, MIN_N: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr):
+    """`_select_in_registers` (K < n <= MIN_N 2^(LEVELS - 1)) in the smallest of the sizes MIN_N, 2 MIN_N, ..
+    that holds n (each size its own code: a pass costs the registers' size, not the largest n)."""
+    for e in tl.static_range(LEVELS):
+        if e == 0:
+            fits = n <= MIN_N
+        else:
+            fits = (n <= (MIN_N << e)) & (n > (MIN_N << (e - 1)))
+        if fits:
+            _select_in_registers(row, o_row, n, K, MIN_N << e, BITS)
+
+
+@jit
 def _select_regs_kernel(
     score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
     nv_ptr,  # [T] long
@@ -401,13 +414,7 @@ def _select_regs_kernel(
         pdl_trigger(PDL)
         _take_all(o_row, n, K, MIN_N)
     else:
-        for e in tl.static_range(LEVELS):
-            if e == 0:
-                fits = n <= MIN_N
-            else:
-                fits = (n <= (MIN_N << e)) & (n > (MIN_N << (e - 1)))
-            if fits:
-                _select_in_registers(row, o_row, n, K, MIN_N << e, BITS)
+        _select_in_register_sizes(row, o_row, n, K, MIN_N, LEVELS, BITS)
         pdl_trigger(PDL)
 
 
@@ -443,8 +450,9 @@ def _split_kernel(
     nv_ptr,  # [T] long
     out_ptr, s_out,  # [T, K] long
     n_keys, K, R,
-    SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
-    LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, MIN_N: tl.constexpr,
+    LEVELS: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (t, r): run r (SLICE scores) of token t, against the threshold bin b of the first digit (its
     bins counted by the score kernel's programs): keys of higher bins listed as picks, those of bin b as
@@ -459,6 +467,10 @@ def _split_kernel(
     if n <= K:
         if r == 0:
             _take_all(o_row, n, K, CHUNK)
+        pdl_trigger(PDL)
+    elif n <= SLICE:  # one run (no bins were counted): its keys in registers, as the register select
+        if r == 0:
+            _select_in_register_sizes(score_ptr + t * s_score, o_row, n, K, MIN_N, LEVELS, LO_BITS)
         pdl_trigger(PDL)
     elif start < n:
         row = score_ptr + t * s_score
@@ -555,7 +567,7 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     (few tokens, long contexts); with many tokens its bins' memset and atomics cost more than it saves."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    return TopkConfig(64, blocks, 4, 1024, 8, "split")
+    return TopkConfig(64, blocks, 4, 2048, 8, "split")
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -588,11 +600,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=q.device)
         cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=q.device)
         cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist)
+        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, bins_from=cfg.chunk)
+        min_n = min(1024, cfg.chunk)
         _split_kernel[(T, runs)](
             scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
             out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
-            K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
+            K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(cfg.chunk // min_n).bit_length(),
+            HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
             LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps,
             launch_pdl=pdl)
     elif cfg.select == "regs":
@@ -623,9 +637,11 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
 
 def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
                    k: int, cfg: TopkConfig, pdl: bool, q_fp8: bool, scores: torch.Tensor,
-                   hist: torch.Tensor | None = None, fused: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                   hist: torch.Tensor | None = None, fused: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   bins_from: int = 0) -> None:
     """The score kernel into scores [T, n_keys]; with hist (zeroed [T, 2^hi_bits + 1] int32) its programs count
-    the first digit's bins; with fused = (list, picks [T, k]) too, the token's last program selects."""
+    the first digit's bins (of tokens with more than bins_from keys); with fused = (list, picks [T, k]) too,
+    the token's last program selects."""
     T, ih, idim = q.shape
     n_keys = scores.shape[1]
     assert q.stride(2) == 1 and keys.stride(2) == 1
@@ -644,6 +660,6 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
         BLOCKS_P2=triton.next_power_of_2(cfg.blocks),
         PRECISION=precision, FP8=fp8, Q_FP8=q_fp8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
-        BINS=bins, FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
+        BINS=bins, BINS_FROM=bins_from, FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
         LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps,
         num_stages=2, launch_pdl=pdl)
