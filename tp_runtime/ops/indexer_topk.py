@@ -6,31 +6,42 @@ Same function as `torch_path.indexer_topk`: for token t with n[t] = min(n_valid[
 
 and the K largest, ties to the lower index, -1 where fewer than K exist. The select is a radix select on
 the scores' order-preserving 32-bit keys (`_order_key`): find the K-th largest key digit by digit, then take
-every key above it and, of the keys equal to it, the lowest indices. Two forms (`topk_config` picks by
-the token count): config.select "fused", one launch after a memset of the bins (up to 8 tokens):
+every key above it and, of the keys equal to it, the lowest indices. Every form starts with
+`_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its q and w
+loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read from device memory)
+is not read, and a program whose run starts there returns at once. Four selects (config.select;
+`topk_config` picks "split"):
 
-`_score_kernel`, grid (T, runs of key blocks): a run of blocks of one token's keys per program (its q and
-w loaded once for the run), fp32 scores into a scratch row; a block at or past n[t] (read from device
-memory) is not read, and a program whose run starts there returns at once. As it stores a block's scores,
-a program adds them into the token's bins of the first digit (the top HI_BITS = 12 bits: 4096 bins, so
-that scores of one binade still spread over 8 bins; atomics into [T, 4096] int32, spread over all of the
-token's programs, so no pass over all scores ever builds a histogram). Then it counts itself in (an
-acq_rel atomic after a barrier: its scores and bins are visible to whoever counts in after it), and the
-token's last program to count in (cdiv(n, run length) of them; run 0 always, for n = 0) selects
-(`_select_token`), while other tokens' programs still score:
-  - from the bins alone, the bin b holding the K-th largest key;
-  - one pass over the n scores: keys of higher bins go to the picks, those of bin b to a list (both in
-    index order, positions by prefix sums: deterministic);
-  - the later digits (LO_BITS = 8 each, the last what remains) by histograms over the listed keys only,
-    a bin's share of the keys (~1-2 % of 8192 random scores), or all of them when all tie;
-  - the listed keys above the K-th are taken and, of those equal to it, the lowest indices.
-When n[t] <= K it writes 0 .. n[t]-1 and -1 after them, with no host branch. The bins and the count are
-zeroed by a memset in the stream before the launch (torch.zeros: captured with the kernel, so every
-replay starts from zero).
+"split" (the default): the score programs add their scores, as they store them, into the token's bins of
+the first digit (the top HI_BITS = 12 bits: 4096 bins, so that scores of one binade still spread over 8
+bins; relaxed atomics into [T, 4096] int32, zeroed by a memset captured with the kernels), for tokens with
+more than one run of the select's keys. Then `_split_kernel`, grid (T, runs of SLICE = config.chunk
+scores): each program takes the threshold bin b (the bin of the K-th largest key, from the bins alone),
+lists its run's keys of higher bins (picks) and of bin b (candidates), each in index order, stores their
+counts and counts itself in (an acq_rel atomic after a barrier). The token's last run to count in
+(`_split_finish`) gathers every run's picks into place at once (positions by prefix sums: deterministic),
+then sorts the candidates, at most RANK_N = 512 of them (~1-2 % of 8192 random scores), by key and then
+lower index, and takes the first ones it still needs; more candidates (heavy ties) are listed and resolved
+digit by digit as the fused select does. So no program walks a long context alone: at 32K a token's 8192
+scores are walked by 4 programs. A token with at most SLICE keys skips the bins and is selected by its one
+program in registers, as "regs".
 
-config.select "radix", two launches (more tokens; benchmarks/indexer_sweep.py times both):
-the score kernel without bins, then `_select_kernel`, grid (T,): one program per token walks its n scores
-5 times (4 passes of 8-bit histograms, contended where scores share their top bits, then a write pass).
+"regs": the score kernel, then `_select_regs_kernel`, one program per token holding all its live scores
+in registers (sizes 1024, 2048, ..: each its own code, the smallest that holds n[t]), digit passes of 8 bits
+by tl.histogram stopping once the threshold digit's keys are all taken, then one pass that takes.
+Fastest where contexts are short; a histogram pass costs about a nanosecond a score, so at 32K it loses.
+
+"fused" (one launch after the bins' memset): the score programs count bins as "split" does, then each
+counts itself in, and the token's last program to count in (run 0 always, for n = 0) selects
+(`_select_token`), while other tokens' programs still score: the bin b from the bins; one pass over the n
+scores (keys of higher bins to the picks, those of bin b to a list, both in index order); the later digits
+(LO_BITS = 8 each, the last what remains) by histograms over the listed keys only; the listed keys above
+the K-th taken and, of those equal to it, the lowest indices.
+
+"radix": the score kernel without bins, then `_select_kernel`, grid (T,): one program per token walks its
+n scores 5 times (4 passes of 8-bit histograms, then a write pass).
+
+Every form writes 0 .. n[t]-1 and -1 after them when n[t] <= K, with no host branch.
 
 With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
 fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
@@ -57,17 +68,18 @@ Picks may then differ from the torch path's only where two scores lie within tha
 Triton's interpreter runs the FP8 dot on the decoded values with fp32 sums.
 
 The picks of a token come packed: valid indices first, then -1 (the sparse attention kernel relies on
-it). Their order differs from the torch path's (by score there; here the keys of higher first-digit bins
-by index, then those of the threshold bin by index); the sets are the same. -0.0 and +0.0 count as equal,
-as in torch's sort.
+it). Their order differs from the torch path's (by score there; here index order ("radix", "regs"), or
+the keys of higher first-digit bins by index, then those of the threshold bin); the sets are the same.
+-0.0 and +0.0 count as equal, as in torch's sort.
 
 PDL (ops/kernel_support.py): every kernel waits before its first load (the token's key count, then q,
 w and the keys: the step's metadata, the indexer's projections and the compressor's cache writes). The
 score kernel triggers after its run's last block of keys (fused: before counting itself in, as no
-later load reads another kernel's output); the radix select kernel after its last pass over the scores
-(at once where a token has no more than K keys), so the trigger follows every load of another kernel's
-output. The radix select kernel's wait is what orders it after the score kernel's stores; the fused
-select reads only its own kernel's stores, ordered by the count's release and acquire.
+later load reads another kernel's output); the select kernels after their last load of the scores, bins
+or counts (at once where a token has no more than K keys), so the trigger follows every load of another
+kernel's output. A select kernel's wait is what orders it after the score kernel's stores and bins; the
+fused and split selects' last programs read their own kernel's stores, ordered by the count's release and
+acquire.
 """
 
 from __future__ import annotations
@@ -541,11 +553,11 @@ class TopkConfig(NamedTuple):
     block_n: int  # keys a block of the score kernel
     blocks: int  # blocks a score program loops over (its q and w loaded once)
     num_warps: int  # of the score kernel
-    chunk: int  # scores a step of the select's passes
-    select_warps: int  # of the separate select kernel ("radix")
-    select: str = "fused"  # "fused": the score kernel's last program of a token selects; "radix": a kernel
-    hi_bits: int = 12  # fused: width of the first digit (bins counted by the score programs)
-    lo_bits: int = 8  # fused: width of each later digit (over the first digit's threshold bin only)
+    chunk: int  # split: scores a run (a program); regs: the smallest register size; else scores a pass's step
+    select_warps: int  # of the separate select kernel ("split", "regs", "radix")
+    select: str = "fused"  # one of SELECTS (the module docstring)
+    hi_bits: int = 12  # fused, split: width of the first digit (bins counted by the score programs)
+    lo_bits: int = 8  # width of each later digit (regs: of every digit)
 
 
 SELECTS = ("fused", "radix", "regs", "split")
@@ -557,14 +569,16 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
     at least ~8 programs per SM remain (up to 8 blocks).
 
-    The select: fused into the score kernel for up to 8 tokens (a first digit of 12 bits: 4096 bins, so that
-    scores sharing their exponent still spread over 8 bins of each binade; later digits of 8 bits over the
-    threshold bin's keys; 1024 scores a step); the separate radix select (one program per token over all
-    scores, 2048 scores a step with 8 warps) for more. Measured on the H200 at Flash dims, score + select
-    per layer, bf16 keys, fused / radix (benchmarks/indexer_sweep.py; results/h200-2026-12-02-attention):
-    batch 1 at 32K 38.8 / 48.1 us, at 4K 21.5 / 20.0 us; batch 32 at 32K 76.1 / 73.7 us, at 4K 31.0 / 26.3 us;
-    batch 128 at 32K 141.8 / 135.8 us. The fused select pays where one token's select is the step's tail
-    (few tokens, long contexts); with many tokens its bins' memset and atomics cost more than it saves."""
+    The select: "split" in runs of 2048 scores, 8 warps, at every batch (a token of at most 2048 keys in
+    registers). Measured on the H200 at Flash dims, score + select per layer, bf16 keys, 9236 keys a token
+    (benchmarks/indexer_sweep.py; results/h200-2026-12-03-indexer-select), us:
+    | batch, live context | fused | radix | regs (8 warps) | split, runs of 2048 | split, runs of 1024 |
+    | 1, 32K              | 38.3  | 47.9  | 71.7           | 23.3                | 24.0                |
+    | 8, 32K              | 50.5  | 55.5  | 78.8           | 30.6                | 31.1                |
+    | 32, 32K             | 74.9  | 73.5  | 89.8           | 49.1                | 52.9                |
+    | 128, 32K            | 139.3 | 135.4 | 160.2          | 122.6               | 129.4               |
+    | 1 / 8 / 32 / 128, 4K | 20.9 / 24.8 / 30.7 / 46.0 | 20.0 / 21.1 / 26.3 / 38.7 | 13.0 / 15.7 / 20.6 / 33.9 | | |
+    The split select at 4K runs as regs does (one run: its keys in registers, no bins)."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
     return TopkConfig(64, blocks, 4, 2048, 8, "split")

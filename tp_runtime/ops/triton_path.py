@@ -5,9 +5,9 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     heads             ops/rope.py              q norm + rotary, kv rotary (+ FP8 row), indexer-query rotary
     rotary            ops/rope.py              the indexer query alone (the overlapped schedule's side branch)
     compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
-    indexer_topk      ops/indexer_topk.py      scores + radix-select top-K (up to 8 tokens one launch after a memset
-                                               of its bins, else a score and a select launch); with q_fp8 and FP8
-                                               keys the scores are FP8 dots
+    indexer_topk      ops/indexer_topk.py      scores (counting first-digit bins) + a radix-select top-K over runs
+                                               of each token's scores (two launches after a memset of the bins);
+                                               with q_fp8 and FP8 keys the scores are FP8 dots
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
                                                ops/fp8_gemm_table.py); x as given: ops/linear.py
