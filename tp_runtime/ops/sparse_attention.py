@@ -399,7 +399,7 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
         ROW_ALIGN=row_align(kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1)), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl)
     if splits > 1:
-        sp2 = triton.next_power_of_2(splits)  # a program holds sp2 x block_d partial values: 64 a thread at most
+        sp2 = triton.next_power_of_2(splits)  # a program holds sp2 x block_d partials: 64 a thread up to 64 splits
         _combine_kernel[(T, triton.cdiv(H, COMBINE_HEADS))](
             part_o, part_ml, sink, cis_r, cis_r.stride(0), out, out.stride(0), H, splits,
             D=D, DR=dr, BLOCK_H=COMBINE_HEADS, BLOCK_D=block_d, SPLITS_P2=sp2, PDL=pdl,
