@@ -234,37 +234,44 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     cfg = config or topk_config(T, n_keys, sm_count(q.device))
     assert cfg.select in SELECTS, cfg.select
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
-    if cfg.select == "fused":  # the first digit's bins and the arrival count: zeroed in the stream, first
+    if cfg.select in ("fused", "split"):  # the first digit's bins and the arrival count: zeroed first, in stream
         hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
-        cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
-    elif cfg.select == "split":  # bins zeroed first, as fused; then runs of `chunk` scores, several a token
-        hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
-        runs = triton.cdiv(n_keys, cfg.chunk)
-        part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=q.device)
-        cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=q.device)
-        cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, bins_from=cfg.chunk)
-        min_n = min(1024, cfg.chunk)
-        split_select_kernel[(T, runs)](
-            scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
-            out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
-            K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(cfg.chunk // min_n).bit_length(),
-            HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
-            LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps,
-            launch_pdl=pdl)
-    elif cfg.select == "regs":
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
+        if cfg.select == "fused":
+            cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
+            _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
+        else:
+            _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, bins_from=cfg.chunk)
+            _launch_split(scores, hist, n_valid, out, cfg, pdl)
+        return out
+    _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
+    args = (scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k)
+    if cfg.select == "regs":
         np2 = triton.next_power_of_2(n_keys)
         min_n = min(cfg.chunk, np2)
-        regs_select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                                 MIN_N=min_n, LEVELS=(np2 // min_n).bit_length(), BITS=cfg.lo_bits, PDL=pdl,
+        regs_select_kernel[(T,)](*args, MIN_N=min_n, LEVELS=(np2 // min_n).bit_length(), BITS=cfg.lo_bits, PDL=pdl,
                                  num_warps=cfg.select_warps, launch_pdl=pdl)
     else:
-        _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
-        radix_select_kernel[(T,)](scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k,
-                             CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
+        radix_select_kernel[(T,)](*args, CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
     return out
+
+
+def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tensor, out: torch.Tensor,
+                  cfg: TopkConfig, pdl: bool) -> None:
+    """The split select into out [T, k] from scores [T, n_keys] and the bins the score kernel counted: runs of
+    cfg.chunk scores, one program each (a token of at most one run in registers)."""
+    T, n_keys = scores.shape
+    k = out.shape[1]
+    runs = triton.cdiv(n_keys, cfg.chunk)
+    part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=scores.device)  # each run's lists
+    cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=scores.device)  # and their counts
+    cand = torch.empty(T, n_keys, dtype=torch.int32, device=scores.device)  # past RANK_N candidates: listed
+    min_n = min(1024, cfg.chunk)
+    split_select_kernel[(T, runs)](
+        scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
+        out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
+        K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(cfg.chunk // min_n).bit_length(),
+        HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk,
+        PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
 
 
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
