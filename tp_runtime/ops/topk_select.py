@@ -56,11 +56,20 @@ def order_key(score):
 
 
 @jit
+def _threshold_digit(hist, want):
+    """hist [B]: counts of the candidate keys by digit -> (the digit of the want-th largest candidate, keys
+    still to take from that digit once the higher digits' keys are all taken)."""
+    bins = tl.arange(0, hist.shape[0])
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher digits
+    d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+    return d, want - tl.sum(tl.where(bins == d, above, 0), axis=0)
+
+
+@jit
 def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: tl.constexpr, CHUNK: tl.constexpr):
     """The digit below bit HI (LO_BITS wide, or what remains) of the want-th largest listed key matching
     prefix above HI: (prefix with it, keys still to take from those matching the longer prefix)."""
     SHIFT: tl.constexpr = HI - LO_BITS if HI > LO_BITS else 0
-    bins = tl.arange(0, 1 << LO_BITS)
     hist = tl.zeros([1 << LO_BITS], tl.int32)
     for c0 in range(0, n_cand, CHUNK):
         j = c0 + tl.arange(0, CHUNK)
@@ -69,9 +78,8 @@ def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: 
         key = order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
         m = m & ((key >> HI) == (prefix >> HI))
         hist += tl.histogram(((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32), 1 << LO_BITS, mask=m)
-    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
-    d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
-    return prefix | (d.to(tl.int64) << SHIFT), want - tl.sum(tl.where(bins == d, above, 0), axis=0)
+    d, want = _threshold_digit(hist, want)
+    return prefix | (d.to(tl.int64) << SHIFT), want
 
 
 @jit
@@ -116,12 +124,7 @@ def select_token(
     if n <= K:
         _take_all(o_row, n, K, CHUNK)
     else:
-        # The first digit's bin b that holds the K-th largest key, from the bins alone.
-        bins = tl.arange(0, 1 << HI_BITS)
-        hist = tl.load(hist_row + bins, cache_modifier=".cg")  # [2^HI_BITS] (other programs' atomics: L2)
-        above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher bins
-        b = tl.max(tl.where((above < K) & (above + hist >= K), bins, -1), axis=0)
-        want = K - tl.sum(tl.where(bins == b, above, 0), axis=0)  # keys still to take from bin b
+        b, want = _threshold_bin(hist_row, K, HI_BITS)  # the first digit's bin of the K-th largest key
         # One pass over the scores: keys in higher bins are taken, those in bin b listed (both in index order).
         taken = 0
         n_cand = 0
@@ -137,12 +140,19 @@ def select_token(
             taken += tl.sum(gt, axis=0)
             n_cand += tl.sum(eq, axis=0)
         tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
-        # The lower digits (LO_BITS each, the last one what remains) over the listed keys only.
-        prefix = b.to(tl.int64) << (32 - HI_BITS)  # the K-th largest key's bits found so far
-        for p in tl.static_range(LO_PASSES):
-            prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS,
-                                       CHUNK)
-        _take(row, cand_row, o_row + taken, n_cand, prefix, want, True, ".cg", CHUNK)  # over the listed keys
+        _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
+
+
+@jit
+def _take_listed(row, cand_row, o_row, n_cand, b, want, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
+                 LO_PASSES: tl.constexpr, CHUNK: tl.constexpr):
+    """`want` of the n_cand listed keys (row[cand_row[:n_cand]], in index order, all in first-digit bin b)
+    into o_row: the lower digits (LO_BITS each, the last one what remains) over the listed keys only, then
+    the keys above the K-th and, of those equal to it, the lowest indices."""
+    prefix = b.to(tl.int64) << (32 - HI_BITS)  # the K-th largest key's bits found so far
+    for p in tl.static_range(LO_PASSES):
+        prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS, CHUNK)
+    _take(row, cand_row, o_row, n_cand, prefix, want, True, ".cg", CHUNK)
 
 
 @jit
@@ -162,7 +172,6 @@ def radix_select_kernel(
         pdl_trigger(PDL)
         _take_all(o_row, n, K, CHUNK)
     else:
-        bins = tl.arange(0, 256)
         prefix = t.to(tl.int64) * 0  # the K-th largest key's bits found so far
         want = K  # keys still to take from the keys matching prefix
         for p in tl.static_range(4):
@@ -175,9 +184,7 @@ def radix_select_kernel(
                 if p > 0:
                     m = m & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
                 hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=m)
-            above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
-            b = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
-            want -= tl.sum(tl.where(bins == b, above, 0), axis=0)
+            b, want = _threshold_digit(hist, want)
             prefix = prefix | (b.to(tl.int64) << shift)
         _take(row, row, o_row, n, prefix, want, False, "", CHUNK)  # over every key (row: no list)
         pdl_trigger(PDL)
@@ -216,9 +223,7 @@ def _select_in_registers(row, o_row, n, K, N: tl.constexpr, BITS: tl.constexpr):
                 match = live & ((key >> HI) == (prefix >> HI))
             digit = ((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32)
             hist = tl.histogram(digit, 1 << BITS, mask=match)
-            above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # matching keys in higher bins
-            d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
-            want -= tl.sum(tl.where(bins == d, above, 0), axis=0)
+            d, want = _threshold_digit(hist, want)
             prefix = prefix | (d.to(tl.uint32) << SHIFT)
             low = tl.full([], SHIFT, tl.int32)
             if tl.sum(tl.where(bins == d, hist, 0), axis=0) == want:  # every key of the digit is taken
@@ -273,11 +278,7 @@ def regs_select_kernel(
 def _threshold_bin(hist_row, K, HI_BITS: tl.constexpr):
     """From a token's first-digit bins [2^HI_BITS] (other programs' atomics: read from L2): (the bin b that
     holds the K-th largest key, keys still to take from it)."""
-    bins = tl.arange(0, 1 << HI_BITS)
-    hist = tl.load(hist_row + bins, cache_modifier=".cg")
-    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher bins
-    b = tl.max(tl.where((above < K) & (above + hist >= K), bins, -1), axis=0)
-    return b, K - tl.sum(tl.where(bins == b, above, 0), axis=0)
+    return _threshold_digit(tl.load(hist_row + tl.arange(0, 1 << HI_BITS), cache_modifier=".cg"), K)
 
 
 @jit
@@ -338,9 +339,10 @@ def split_select_kernel(
         tl.store(cnt_ptr + (t * R + r) * 2, tl.sum(gt, axis=0))
         tl.store(cnt_ptr + (t * R + r) * 2 + 1, n_eq)
         tl.debug_barrier()  # every thread's stores of this program before the release
-        if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == tl.cdiv(n, SLICE) - 1:
+        n_runs = tl.cdiv(n, SLICE)
+        if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == n_runs - 1:
             _split_finish(row, part_ptr + t * R * SLICE, cnt_ptr + t * R * 2, cand_ptr + t * s_cand, o_row, n,
-                          want, b, tl.cdiv(n, SLICE), SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
+                          want, b, n_runs, SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
                           CHUNK)
         pdl_trigger(PDL)
 
@@ -379,8 +381,4 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
             cm = c < n_cand
             tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
         tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
-        prefix = b.to(tl.int64) << (32 - HI_BITS)
-        for q in tl.static_range(LO_PASSES):
-            prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * q, LO_BITS,
-                                       CHUNK)
-        _take(row, cand_row, o_row + taken, n_cand, prefix, want, True, ".cg", CHUNK)
+        _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
