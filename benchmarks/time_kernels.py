@@ -12,7 +12,7 @@ host launch cost does not.
 `bytes` is what the kernel must read (q, candidate rows or indexer keys, indices) and write (its
 output), at the context's live counts; `bw %` is bytes / time over a read bandwidth measured here.
 --sweep also times a few launch configurations of the attention kernel. --fp8-cache stores the window, kv,
-compressed rows and indexer keys in the FP8 layouts (584-byte rows, 132-byte keys; ops/cache_fp8.py), read
+compressed rows and indexer keys in the FP8 layouts (592-byte rows, 132-byte keys; ops/cache_fp8.py), read
 in place by the kernels and gathered then dequantized by the torch path; `bytes` counts the stored bytes.
 Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 """

@@ -29,7 +29,7 @@ from tp_runtime.verify.check import FP8_CACHE_TOLERANCES, TOLERANCES, max_rel_er
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
-# tiny.yaml's rows (D 32 = 24 + 8) have no whole 64-dim block; D = 72 = 64 nope + 8 rope does (81 -> 88 bytes).
+# tiny.yaml's rows (D 32 = 24 + 8) have no whole 64-dim block; D = 72 = 64 nope + 8 rope does (81 -> 96 bytes).
 FP8_DIMS = ["model.head_dim=72", "model.qk_rope_head_dim=8"]
 SCENARIO = ["workload.requests=6", "workload.prompt_lens=[5, 16, 17, 40, 130, 260]",
             "workload.decode_lens=[3, 1, 0, 5, 2, 6]", "runtime.max_seqs=3", "parallel.tp=1",
@@ -47,8 +47,8 @@ def allow_fp8_cache_on_cpu(monkeypatch):
 
 
 def test_row_and_key_sizes_are_the_released_ones():
-    assert row_bytes(512, 64) == 584 and key_bytes(128) == 132  # Flash / Pro: 448 + 128 + 7 -> 584
-    assert row_bytes(72, 8) == 88  # 64 + 16 + 1 = 81, padded to a multiple of 8
+    assert row_bytes(512, 64) == 592 and key_bytes(128) == 132  # Flash / Pro: 448 + 128 + 7 = 583 -> 592
+    assert row_bytes(72, 8) == 96  # 64 + 16 + 1 = 81, padded to a multiple of 16
     with pytest.raises(ValueError, match="multiple of 64"):
         row_bytes(32, 8)
 
@@ -68,7 +68,7 @@ def _rows(seed: int = 0) -> torch.Tensor:
 def test_row_round_trip_scales_are_powers_of_two_and_error_is_half_an_e4m3_step():
     x = _rows()
     b = quantize_rows(x, 64)
-    assert b.dtype == torch.uint8 and b.shape == (6, 4, 584)
+    assert b.dtype == torch.uint8 and b.shape == (6, 4, 592)
     scale_bytes = b[..., 576:583].long()
     assert int(scale_bytes.min()) >= 1 and int(scale_bytes.max()) <= 253
     assert (b[..., 583] == 0).all()  # padding
@@ -164,7 +164,7 @@ def test_fp8_caches_are_uint8_rows_of_the_layout(fp8_scenario):
     m = fp8_scenario.model
     c = allocate_layer_cache(m, 4, 3, 512, torch.float32, CPU, fp8=True)
     assert c.fp8 and c.window.dtype == c.compressed.dtype == c.index_keys.dtype == torch.uint8
-    assert c.window.shape == (4, 16, 88) and c.compressed.shape == (4, 128, 88) and c.index_keys.shape == (4, 128, 20)
+    assert c.window.shape == (4, 16, 96) and c.compressed.shape == (4, 128, 96) and c.index_keys.shape == (4, 128, 20)
     assert c.comp_state.kv.dtype == torch.float32  # state rings stay fp32
 
 
@@ -225,9 +225,9 @@ def test_roofline_counts_stored_bytes_at_flash_dims():
     m = load_config(ROOT / "configs" / "v4_flash.yaml", []).model
     ctx = 32768
     rows4 = 128 + 512  # window + picks
-    assert layer_cache_bytes(m, 4, 2, ctx, 2, fp8_cache=True) == 2 * (rows4 * 584 + ctx // 4 * 132)
+    assert layer_cache_bytes(m, 4, 2, ctx, 2, fp8_cache=True) == 2 * (rows4 * 592 + ctx // 4 * 132)
     assert layer_cache_bytes(m, 4, 2, ctx, 2) == 2 * (rows4 * 1024 + ctx // 4 * 256)
-    assert layer_cache_bytes(m, 128, 1, ctx, 2, fp8_cache=True) == (128 + ctx // 128) * 584
+    assert layer_cache_bytes(m, 128, 1, ctx, 2, fp8_cache=True) == (128 + ctx // 128) * 592
     assert step_bytes(m, 1, 32, ctx, 2, fp8_cache=True).weights == step_bytes(m, 1, 32, ctx, 2).weights
     mem8, mem16 = (memory_per_rank(m, 1, 128, ctx, 2, fp8_cache=f) for f in (True, False))
     assert mem8["weights"] == mem16["weights"] and mem8["cache"] < 0.65 * mem16["cache"]

@@ -241,7 +241,7 @@ def test_fp8_attention_candidate_counts_and_padding(n_cand, pattern):
 
 
 def test_fp8_attention_small_dims():
-    # D = 72 = 64 nope + 8 rope (88-byte rows, tests/test_fp8_cache.py's dims), W = 16, 4 local heads
+    # D = 72 = 64 nope + 8 rope (96-byte rows, tests/test_fp8_cache.py's dims), W = 16, 4 local heads
     for ratio in (0, 4, 128):
         T, args = fp8_attention_case([(0, 40, 20), (1, 300, 1)], 4, ratio, torch.float32, seed=5, D=72, dr=8, W=16,
                                      topk=8, max_len=512)

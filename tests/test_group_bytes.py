@@ -35,13 +35,13 @@ def test_group_bytes_by_hand_tiny():
 
 def test_group_bytes_fp8_caches_flash():
     """Flash dims (H 64, D 512, W 128, K 512, Ih 64, Id 128), one token at 32K, bf16 activations: FP8 rows of
-    584 bytes and keys of 132 bytes as stored (ops/cache_fp8.py)."""
+    592 bytes and keys of 132 bytes as stored (ops/cache_fp8.py)."""
     m = load_config(CONFIGS / "v4_flash.yaml").model
-    assert attention_bytes(m, 4, 1, 1, 32768, 2, True) == (128 + 512) * 584 + 2 * 64 * 512 * 2 + 512 * 8
+    assert attention_bytes(m, 4, 1, 1, 32768, 2, True) == (128 + 512) * 592 + 2 * 64 * 512 * 2 + 512 * 8
     assert attention_bytes(m, 4, 1, 1, 32768, 2, False) == (128 + 512) * 1024 + 2 * 64 * 512 * 2 + 512 * 8
     assert indexer_bytes(m, 4, 1, 32768, 2, True) == 8192 * 132 + 64 * 129 * 2 + 512 * 8
     # A tp 8 rank reads the same rows for its 8 heads: only q and the output shrink.
-    assert attention_bytes(m, 128, 8, 1, 32768, 2, True) == (128 + 256) * 584 + 2 * 8 * 512 * 2
+    assert attention_bytes(m, 128, 8, 1, 32768, 2, True) == (128 + 256) * 592 + 2 * 8 * 512 * 2
 
 
 def test_bandwidth_shares():

@@ -16,7 +16,7 @@ Per selected layer of compress ratio r, B sequences holding ctx tokens, Hl = H /
                                 + 8 x min(K, ctx // 4) (picks written)]
     all-reduce    tp > 1: B x hidden x elem, the layer's output, once
 
-row_bytes / key_bytes as stored (runtime.cache_format: D x elem and Id x elem, or the FP8 layouts' 584 and
+row_bytes / key_bytes as stored (runtime.cache_format: D x elem and Id x elem, or the FP8 layouts' 592 and
 132 bytes at Flash dims). The other groups (norms and rotary, compressors, step index, copies, other) move
 a few rows a token and have no entry: their share is not computed.
 """

@@ -7,7 +7,7 @@ Bytes read per rank and step (each counted once; activations and cache writes ar
            and attn_sink (sharded by tp) and the replicated wq_a + wkv, q_norm, kv_norm, attn_norm,
            compressor (r > 0) and indexer (r = 4) tensors, in the run dtype (ape and attn_sink fp32);
   cache    per sequence and layer, in the stored layout (runtime.cache_format: bf16 rows of D and keys of Id
-           in the run dtype; fp8 rows of row_bytes(D, Dr) = 584 and keys of Id + 4 = 132 bytes at Flash
+           in the run dtype; fp8 rows of row_bytes(D, Dr) = 592 and keys of Id + 4 = 132 bytes at Flash
            dims, ops/cache_fp8.py): the window rows min(W, ctx); r = 4: the selected
            compressed rows min(K, ctx // 4) and the indexer keys ctx // 4 rows of Id; r = 128: all
            ctx // 128 compressed rows. Every rank reads these whole: the one KV row per token is shared

@@ -9,7 +9,7 @@ every rank of the TP group holds the same caches. Layout per slot and layer:
 window ring [W, D]; compressed rows [ceil(max_len / r), D]; compressor state ring [c*r, c*D] of kv
 and gated score (fp32); for r = 4 also indexer keys [ceil(max_len / 4), Id] and their own state.
 With FP8 caches (runtime.cache_format=fp8) the window ring and the compressed rows are uint8 rows of
-row_bytes(D, Dr) (584 at Flash dims) and the indexer keys uint8 rows of Id + 4 (132): ops/cache_fp8.py.
+row_bytes(D, Dr) (592 at Flash dims) and the indexer keys uint8 rows of Id + 4 (132): ops/cache_fp8.py.
 The state rings stay fp32 either way.
 """
 

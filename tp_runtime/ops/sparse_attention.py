@@ -28,7 +28,7 @@ This is what `torch_path.sparse_attention_sink` computes (candidates gathered, t
 With FP8 caches (uint8 kv, window and compressed rows in the layout of ops/cache_fp8.py) the kernel reads
 each candidate's e4m3 bytes, its scale bytes and its bf16 rope bytes in place and dequantizes in registers
 (exact in the run dtype), the same values torch_path's gather-then-dequantize gives. Row offsets carry
-the host-checked alignment of the row strides (`row_align`; 8 bytes for 584-byte rows), so rows load as
+the host-checked alignment of the row strides (`row_align`; 16 bytes for 592-byte rows), so rows load as
 vectors rather than byte by byte.
 
 Every size the kernels branch on comes from device tensors or from host ints fixed for a shape (T,
@@ -167,8 +167,7 @@ def _sparse_attn_kernel(
     # Compressed rows (candidates W .. total-1): the indexer's picks (ratio 4) or every completed entry.
     if HAS_COMP:
         # the slot's offset carries the rows' alignment too: without it the FP8 codes' loads are not known
-        # to be 8-byte vectors where the slot stride is no multiple of 16 (ratio 128: ceil(max_len / 128)
-        # rows of 584 bytes), and the pipeliner leaves them as plain loads, none in flight ahead
+        # to be vectors, and the pipeliner leaves them as plain loads, none in flight ahead
         base = comp_ptr + tl.multiple_of(slot * sc_slot, ROW_ALIGN)
         for start in range(tl.maximum(lo, W), hi, BLOCK_N):
             c = start - W + tl.arange(0, BLOCK_N)

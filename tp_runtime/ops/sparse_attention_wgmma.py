@@ -22,8 +22,8 @@ an index load in the middle of an iteration. A candidate that is not valid (padd
 0, past the token's count) reads the token's own step row instead, whose values are finite, and its score is
 -inf: its weight is exactly 0, as the Triton kernel's zero-filled loads give.
 
-FP8 rows (ops/cache_fp8.py's 584-byte layout): a tile's bytes are copied as stored (8 bytes a copy: rows are
-8-byte aligned) into staging buffers, then every thread decodes its share into one bf16 MMA tile (codes times
+FP8 rows (ops/cache_fp8.py's 592-byte layout): a tile's bytes are copied as stored (16 bytes a copy: rows are
+16-byte aligned) into staging buffers, then every thread decodes its share into one bf16 MMA tile (codes times
 their block's power-of-two scale, exact; the rope dims as stored) between the copies' wait and the products.
 
 The output: o / den rounded to the run dtype and stored, then its last DR dims read back, rotated by the
@@ -69,6 +69,8 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
     (unused); n_done [T] (unused where not has_comp); qk_scale in log2 units; cis_r [T, DR/2, 2] fp32."""
     T, H, D = q.shape
     u8 = torch.uint8
+    # the gathers promise the compiler 16-byte aligned rows (16 elements: bf16 rows of 512 dims, FP8 rows of 592)
+    assert all(s % 16 == 0 for s in (kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1))), "row strides"
     _attn_kernel[(T,)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
         ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
@@ -106,11 +108,11 @@ def _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, 
     j = j0 + gl.arange(0, BLOCK_N, layout=layout)
     live = j < total
     ok = live & (j < W) & (val != 0)
-    ptr = gl.where(ins != 0, kv_ptr + gl.multiple_of(srow * skv_t, 8), win_ptr + gl.multiple_of(rrow * swin, 8))
+    ptr = gl.where(ins != 0, kv_ptr + gl.multiple_of(srow * skv_t, 16), win_ptr + gl.multiple_of(rrow * swin, 16))
     if HAS_COMP:
-        ptr = gl.where(j >= W, comp_base + gl.multiple_of(gl.maximum(pick, 0) * sc_row, 8), ptr)
+        ptr = gl.where(j >= W, comp_base + gl.multiple_of(gl.maximum(pick, 0) * sc_row, 16), ptr)
         ok = ok | (live & (j >= W) & (pick >= 0))
-    ptr = gl.where(ok, ptr, kv_ptr + gl.multiple_of(t * skv_t, 8))
+    ptr = gl.where(ok, ptr, kv_ptr + gl.multiple_of(t * skv_t, 16))
     return ptr, ok
 
 
@@ -125,49 +127,52 @@ def _issue(k_bufs, ok_bufs, j, n_tiles, ptr, ok, dims, STAGES: gl.constexpr):
 
 @gjit
 def _issue_fp8(st, ok_bufs, j, n_tiles, ptr, ok, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    # FP8 rows: tile j's bytes as stored (ops/cache_fp8.py: 448 e4m3 codes, 64 bf16 rope dims, 7 scale bytes) into
-    # stage j % STAGES of the staging buffers st = (codes 0-255, 256-383, 384-447, rope, scales), 8 bytes a copy.
+    # FP8 rows: tile j's bytes as stored (ops/cache_fp8.py: 448 e4m3 codes, 64 bf16 rope dims, 7 scale bytes and
+    # padding to 592) into stage j % STAGES of the staging buffers st = (codes [N, 512] (columns 448.. zero-filled),
+    # rope [N, 64] bf16 bits, scales and padding [N, 16]), 16 bytes a copy.
     s = j % STAGES
     if j < n_tiles:
-        _copy(st[0].index(s), ptr, 0, num_warps)
-        _copy(st[1].index(s), ptr, 256, num_warps)
-        _copy(st[2].index(s), ptr, 384, num_warps)
-        _copy(st[3].index(s), (ptr + 448).to(gl.pointer_type(gl.uint16)), 0, num_warps)
-        _copy(st[4].index(s), ptr, 576, num_warps)
+        _copy(st[0].index(s), ptr, 0, 448, num_warps)
+        _copy(st[1].index(s), (ptr + 448).to(gl.pointer_type(gl.uint16)), 0, 64, num_warps)
+        _copy(st[2].index(s), ptr, 576, 16, num_warps)
     ok_bufs.index(s).store(ok.to(gl.int8))
     async_copy.commit_group()
 
 
 @gjit
-def _copy(dst, ptr, START: gl.constexpr, num_warps: gl.constexpr):
-    # Bytes START .. of each row at ptr [N] into dst [N, WIDTH]: 8 bytes a thread a copy (rows are 8-byte aligned).
+def _copy(dst, ptr, START: gl.constexpr, COLS: gl.constexpr, num_warps: gl.constexpr):
+    # Elements START .. START + COLS - 1 of each row at ptr [N] into dst [N, WIDTH] (zeros past COLS): 16 bytes a
+    # thread a copy (rows are 16-byte aligned). Rows spread over threads as the gathers' row layout spreads them,
+    # so that ptr needs no layout conversion (a round trip through shared memory, with its barriers).
     WIDTH: gl.constexpr = dst.shape[1]
-    VEC: gl.constexpr = 64 // dst.dtype.primitive_bitwidth
-    TPW: gl.constexpr = 32 if WIDTH // VEC >= 32 else WIDTH // VEC
-    lay: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // TPW, TPW], [num_warps, 1], [1, 0])
+    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
+    lay: gl.constexpr = gl.BlockedLayout([1, VEC], [4, 8], [num_warps, 1], [1, 0])
     p = gl.convert_layout(ptr, gl.SliceLayout(1, lay)) + START
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, lay))
-    async_copy.async_copy_global_to_shared(dst, p[:, None] + cols[None, :])
+    if COLS < WIDTH:
+        async_copy.async_copy_global_to_shared(dst, p[:, None] + cols[None, :], mask=(cols < COLS)[None, :])
+    else:
+        async_copy.async_copy_global_to_shared(dst, p[:, None] + cols[None, :])
 
 
 @gjit
 def _decode(st, s, k_tile, num_warps: gl.constexpr):
-    # Stage s's FP8 rows -> k_tile [N, 512] in its dtype, 64 dims at a time: codes times their block's scale
-    # 2^(v - 127) (exact), the rope dims' bf16 bits as they are.
+    # Stage s's FP8 rows -> k_tile [N, 512] in its dtype: codes times their block's scale 2^(v - 127) (exact), all
+    # 512 columns in one store (the eighth block's codes are zeros), then the rope dims' bf16 bits as they are over
+    # columns 448..: two stores, so two barriers (the compiler orders every store to one buffer by a barrier).
     dt: gl.constexpr = k_tile.dtype
-    lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    for g in gl.static_range(7):
-        if g < 4:
-            codes = st[0].index(s).slice(64 * g, 64, 1).load(lay)
-        elif g < 6:
-            codes = st[1].index(s).slice(64 * (g - 4), 64, 1).load(lay)
-        else:
-            codes = st[2].index(s).load(lay)
-        v = st[4].index(s).slice(g, 1, 1).load(lay)  # [N, 1] scale bytes
-        scale = (v.to(gl.int32) << 23).to(gl.float32, bitcast=True)
-        vals = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale
-        k_tile.slice(64 * g, 64, 1).store(vals.to(dt))
-    bits = st[3].index(s).load(lay).to(gl.int32)
+    N: gl.constexpr = k_tile.shape[0]
+    # [N, 8, 64]: a thread holds 16 codes of a block, a warp 4 rows x 2 blocks (128 bytes a row: no bank
+    # conflict), and each block's scale sits in the registers of the threads that hold its codes
+    blk: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 2, 4], [num_warps, 1, 1], [2, 1, 0])
+    lay: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])  # the same, as [N, 512]
+    codes = st[0].index(s).reshape([N, 8, 64]).load(blk)
+    v = st[2].index(s).slice(0, 8, 1).load(gl.SliceLayout(2, blk))  # [N, 8] scale bytes (the eighth: padding)
+    scale = (v.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+    vals = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, :, None]
+    k_tile.store(gl.convert_layout(gl.reshape(vals.to(dt), [N, 512]), lay))
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    bits = st[1].index(s).load(rope_l).to(gl.int32)
     k_tile.slice(448, 64, 1).store((bits << 16).to(gl.float32, bitcast=True).to(dt))
 
 
@@ -201,11 +206,9 @@ def _attn_kernel(
     q_smem = gl.allocate_shared_memory(dt, [BLOCK_H, D], q_sl, q)
     if FP8:  # rows staged as stored, decoded into one tile a step
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        st = (gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 256], plain),
-              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 128], plain),
-              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 64], plain),
+        st = (gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 512], plain),
               gl.allocate_shared_memory(gl.uint16, [STAGES, BLOCK_N, 64], plain),
-              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 8], plain))
+              gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, 16], plain))
         k_bufs = gl.allocate_shared_memory(dt, [1, BLOCK_N, D], k_sl)
     else:
         k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D], k_sl)
@@ -217,7 +220,7 @@ def _attn_kernel(
     if HAS_COMP:
         total += gl.minimum(gl.load(n_done_ptr + t), C).to(gl.int32)  # candidates this token reads (device count)
     n_tiles = gl.cdiv(total, BLOCK_N)
-    comp_base = comp_ptr + gl.multiple_of(gl.load(slot_ptr + t) * sc_slot, 8)
+    comp_base = comp_ptr + gl.multiple_of(gl.load(slot_ptr + t) * sc_slot, 16)
 
     # tiles 0 .. STAGES - 2 in flight, the next one's index entries loaded
     for j in gl.static_range(STAGES - 1):
