@@ -7,7 +7,8 @@ Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_k
 runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kernel), the variants of
 VARIANTS below (topk_config's choice, "default", and the other selects), the score kernel alone (what the
 select adds is the rest) and, with --baseline, another ops/indexer_topk.py at its own defaults (its
-whole top-K and its score kernel: `git show REV:tp_runtime/ops/indexer_topk.py > FILE`). Sized from MAX_LEN
+whole top-K and its score kernel: `git show REV:tp_runtime/ops/indexer_topk.py > FILE`; over FP8 keys it must
+take them as codes and key_scales, the layout since FP8 keys were split in two tensors). Sized from MAX_LEN
 (n_keys = MAX_LEN / 4 as the full graph runs it); each token has context / 4 live keys. Each variant is
 captured in a CUDA graph and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the
 variants are timed in turn, `rounds` times (interleaved, so drift hits all alike), and the median of the
@@ -50,15 +51,19 @@ def variant_config(name: str, batch: int, n_sm: int) -> TopkConfig:
     return topk_config(batch, N_KEYS, n_sm)._replace(**VARIANTS[name])
 
 
-def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple:
-    """q [B, Ih, Id], w [B, Ih], keys [B + 1, N_KEYS, Id] (or FP8 bytes), slot [B], n_valid [B] = ctx / 4."""
+def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple[tuple, dict]:
+    """The positional arguments (q [B, Ih, Id], w [B, Ih], keys [B + 1, N_KEYS, Id] (FP8: e4m3 codes), slot [B],
+    n_valid [B] = ctx / 4) and the keyword ones ({} or, FP8, key_scales [B + 1, N_KEYS] fp32)."""
     g = torch.Generator(device=dev).manual_seed(batch * 7 + ctx)
     keys = torch.randn(batch + 1, N_KEYS, ID, generator=g, device=dev).to(DT)
     q = torch.randn(batch, IH, ID, generator=g, device=dev).to(DT)
     w = torch.randn(batch, IH, generator=g, device=dev).to(DT)
     slot = torch.arange(batch, device=dev)
     n_valid = torch.full((batch,), ctx // 4, dtype=torch.long, device=dev)
-    return q, w, quantize_keys(keys) if fp8 else keys, slot, n_valid
+    if not fp8:
+        return (q, w, keys, slot, n_valid), {}
+    codes, scales = quantize_keys(keys)
+    return (q, w, codes, slot, n_valid), dict(key_scales=scales)
 
 
 def load_baseline(path: Path):
@@ -71,26 +76,26 @@ def load_baseline(path: Path):
 
 def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int,
           q_fp8: bool = False, base=None) -> list[dict]:
-    args = inputs(batch, ctx, fp8, dev)
+    args, keys_kw = inputs(batch, ctx, fp8, dev)
     cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
-    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["default"], q_fp8=q_fp8).sort(dim=1).values
+    ref = indexer_topk(*args, N_KEYS, K, config=cfgs["default"], q_fp8=q_fp8, **keys_kw).sort(dim=1).values
     rows = {}
     for name, cfg in cfgs.items():  # compile and check outside the timing
-        got = indexer_topk(*args, N_KEYS, K, config=cfg, q_fp8=q_fp8).sort(dim=1).values
+        got = indexer_topk(*args, N_KEYS, K, config=cfg, q_fp8=q_fp8, **keys_kw).sort(dim=1).values
         rows[name] = dict(batch=batch, context=ctx, keys="fp8" if fp8 else "bf16", q="e4m3" if q_fp8 else "bf16",
                           variant=name, config=cfg._asdict(), same=bool(torch.equal(got, ref)), samples_ms=[])
     score = dict(rows["default"], variant="score kernel alone", samples_ms=[])  # the select's share: the rest
     for _ in range(rounds):
         for name, cfg in cfgs.items():
-            t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8), dev,
+            t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8, **keys_kw), dev,
                              budget_ms=(5, 30), flush_l2=True)
             rows[name]["samples_ms"].append(t.median_ms)
-        t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["radix"]), dev,
+        t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["radix"], **keys_kw), dev,
                          budget_ms=(5, 30), flush_l2=True)
         score["samples_ms"].append(t.median_ms)
         if base is not None:  # its own default configuration
             for name, fn in (("baseline", base.indexer_topk), ("baseline score kernel", base.indexer_scores)):
-                kw = dict(q_fp8=q_fp8) if fn is base.indexer_scores else dict(q_fp8=q_fp8, k=K)
+                kw = dict(q_fp8=q_fp8, **keys_kw) if fn is base.indexer_scores else dict(q_fp8=q_fp8, k=K, **keys_kw)
                 t = graph_timing(lambda f=fn, kw=kw: f(*args, N_KEYS, **kw), dev, budget_ms=(5, 30), flush_l2=True)
                 rows.setdefault(name, dict(score, variant=name, config=None, samples_ms=[]))["samples_ms"].append(
                     t.median_ms)

@@ -12,7 +12,8 @@ host launch cost does not.
 `bytes` is what the kernel must read (q, candidate rows or indexer keys, indices) and write (its
 output), at the context's live counts; `bw %` is bytes / time over a read bandwidth measured here.
 --sweep also times a few launch configurations of the attention kernel. --fp8-cache stores the window, kv,
-compressed rows and indexer keys in the FP8 layouts (592-byte rows, 132-byte keys; ops/cache_fp8.py), read
+compressed rows and indexer keys in the FP8 layouts (592-byte rows; keys of 128 e4m3 codes and an fp32 scale in
+a tensor of its own, 132 bytes; ops/cache_fp8.py), read
 in place by the kernels and gathered then dequantized by the torch path; `bytes` counts the stored bytes.
 Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 """
@@ -47,11 +48,15 @@ ROW_B = row_bytes(D, M.qk_rope_head_dim) if FP8 else 2 * D  # bytes of a stored 
 KEY_B = key_bytes(ID) if FP8 else 2 * ID
 
 
-def stored(x: torch.Tensor, key: bool = False) -> torch.Tensor:
+def stored(x: torch.Tensor) -> torch.Tensor:
     """Cache rows as the run stores them: bf16, or FP8 bytes with --fp8-cache."""
-    if not FP8:
-        return x
-    return quantize_keys(x) if key else quantize_rows(x, M.qk_rope_head_dim)
+    return quantize_rows(x, M.qk_rope_head_dim) if FP8 else x
+
+
+def stored_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Indexer keys x [..., Id] as the run stores them: (x, None) in bf16, or with --fp8-cache (e4m3 codes
+    [..., Id], fp32 scales [...])."""
+    return quantize_keys(x) if FP8 else (x, None)
 
 
 def graph_time(fn) -> float:
@@ -130,7 +135,7 @@ def attention_point(batch: int, ctx: int, ratio: int, sweep: bool) -> list[dict]
 
 def indexer_point(batch: int, ctx: int) -> list[dict]:
     s = decode_step(batch, ctx)
-    keys = stored(s["randn"](s["slots"] + 1, -(-MAX_LEN // 4), ID), key=True)
+    keys, key_scales = stored_keys(s["randn"](s["slots"] + 1, -(-MAX_LEN // 4), ID))
     q = s["randn"](batch, IH, ID)
     w = s["randn"](batch, IH)
     n_valid = (s["pos"] + 1) // 4
@@ -138,7 +143,7 @@ def indexer_point(batch: int, ctx: int) -> list[dict]:
     nbytes = batch * (IH * ID * 2 + IH * 2 + live * KEY_B + K * 8)
 
     def run(fn, n_keys):
-        return lambda: fn(q, w, keys, s["slot"], n_valid, n_keys, K)
+        return lambda: fn(q, w, keys, s["slot"], n_valid, n_keys, K, key_scales=key_scales)
 
     rows = [dict(kernel="indexer top-K", variant="torch/ctx", ms=graph_time(run(torch_path.indexer_topk, live))),
             dict(kernel="indexer top-K", variant="torch/static",

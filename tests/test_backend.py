@@ -87,9 +87,9 @@ def test_indexer_q_reaches_every_indexer_and_its_backend_call(monkeypatch):
     seen = []
     twin = tp.indexer_topk
 
-    def spy(*args, q_fp8=False):
+    def spy(*args, q_fp8=False, key_scales=None):
         seen.append(q_fp8)
-        return twin(*args, q_fp8=q_fp8)
+        return twin(*args, q_fp8=q_fp8, key_scales=key_scales)
 
     monkeypatch.setattr(TorchBackend, "indexer_topk", staticmethod(spy))
     for setting, want in (("bf16", False), ("e4m3", True)):
@@ -129,9 +129,9 @@ def _twins_layer(attn, x, b, cache, out):
     if idx:
         c = idx.compressor
         tp.compress_pool(a.idx_kv, a.idx_score, c.ape, c.norm.weight, c.norm.eps, b.ix.blocks[4], b.ix.rings[8],
-                         cache.index_state, cache.index_keys)
+                         cache.index_state, cache.index_keys, scales=cache.index_scales)
         picks = tp.indexer_topk(idx_q[:n], a.idx_w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n],
-                                (b.max_pos + 1) // 4, idx.topk)
+                                (b.max_pos + 1) // 4, idx.topk, key_scales=cache.index_scales)
     n_comp = picks.shape[1] if picks is not None else ((b.max_pos + 1) // r if r else 0)
     tp.sparse_attention_sink(q[:n], kv, cache.window, b.ix.rings[attn.W].tokens(0, n), cache.compressed, b.slot[:n],
                              picks, b.ix.blocks[r].n_done[:n] if r else None, n_comp, attn.attn_sink, attn.scale,

@@ -24,7 +24,7 @@ from tp_runtime.engine.report import run_record
 from tp_runtime.memory_model import memory_per_rank
 from tp_runtime.model.cache import allocate_layer_cache, cache_bytes
 from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
-                                      round_rows, row_bytes)
+                                      round_keys, round_rows, row_bytes)
 from tp_runtime.verify.check import FP8_CACHE_TOLERANCES, TOLERANCES, max_rel_err, reference_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,16 +107,48 @@ def test_key_round_trip():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 3, 128, generator=g) * torch.logspace(-4, 4, 5)[:, None, None]
     x[0, 0] = 0.0
-    b = quantize_keys(x)
-    assert b.shape == (5, 3, 132)
-    scale = b[..., 128:].contiguous().view(torch.float32)[..., 0].double()
+    codes, scales = quantize_keys(x)
+    assert codes.dtype == torch.uint8 and codes.shape == (5, 3, 128)
+    assert scales.dtype == torch.float32 and scales.shape == (5, 3)
+    scale = scales.double()
     assert torch.equal(torch.exp2(torch.log2(scale).round()), scale)  # a power of two
     amax = x.abs().amax(-1).double()
     nz = amax > 0
     assert ((amax / scale)[nz] <= 448).all() and ((amax / scale)[nz] > 224).all() and (scale[~nz] == 1).all()
-    y = dequantize_keys(b, 128)
+    y = dequantize_keys(codes, scales)
     bound = torch.maximum(x.abs() * 2.0 ** -4, scale[..., None].float() * 2.0 ** -10)
     assert ((y - x).abs() <= bound * (1 + 1e-6)).all() and torch.equal(y[0, 0], torch.zeros(128))
+    assert torch.equal(round_keys(x), y)
+
+
+def _packed_keys(x: torch.Tensor) -> torch.Tensor:
+    """The packed layout the two tensors replaced, written out from the spec (not from cache_fp8): uint8
+    [..., Id + 4], Id e4m3 values then the fp32 scale's 4 little-endian bytes; the scale the smallest power of
+    two s with amax / s <= 448 (1 for a zero key), values x / s rounded to nearest e4m3 (torch's cast)."""
+    xf = x.float()
+    amax = xf.abs().amax(-1, keepdim=True).double()
+    s = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax / 448))), torch.ones_like(amax)).float()
+    codes = (xf / s).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.cat((codes, s.view(torch.uint8)), dim=-1)
+
+
+def test_key_codes_and_scales_hold_the_bytes_of_the_packed_layout():
+    # Two tensors, the same bytes: the codes are the packed row's first Id bytes, the scale its last 4 (bit for
+    # bit), over 24 orders of magnitude, zero keys, maxima at powers of two, ties and subnormals.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 5, 128, generator=g) * torch.logspace(-12, 12, 7)[:, None, None]
+    x[0, 0] = 0.0
+    x[0, 1] = 448.0 * 2.0 ** -40  # amax exactly 448 times a power of two: that power is the scale
+    x[0, 2, :4] = torch.tensor([448.0, 1 + 1 / 16, 2.0 ** -9 * 1.5, -0.0])  # scale 1: a tie, a subnormal tie, -0
+    x[0, 2, 4:] = 0.0
+    x[0, 3, :] = 448.0 * (1 + 2.0 ** -23)  # just past: the next scale up
+    packed = _packed_keys(x)
+    assert packed.shape == (7, 5, key_bytes(128))
+    codes, scales = quantize_keys(x)
+    assert codes.is_contiguous() and codes.stride(-2) == 128  # Id-byte rows: 16-byte aligned with Id % 16 == 0
+    assert torch.equal(codes, packed[..., :128])
+    assert torch.equal(scales.view(torch.int32), packed[..., 128:].contiguous().view(torch.int32)[..., 0])
+    assert codes.numel() * codes.element_size() + scales.numel() * scales.element_size() == packed.numel()
 
 
 # ---------------------------------------------------------------- config
@@ -164,8 +196,25 @@ def test_fp8_caches_are_uint8_rows_of_the_layout(fp8_scenario):
     m = fp8_scenario.model
     c = allocate_layer_cache(m, 4, 3, 512, torch.float32, CPU, fp8=True)
     assert c.fp8 and c.window.dtype == c.compressed.dtype == c.index_keys.dtype == torch.uint8
-    assert c.window.shape == (4, 16, 96) and c.compressed.shape == (4, 128, 96) and c.index_keys.shape == (4, 128, 20)
+    assert c.window.shape == (4, 16, 96) and c.compressed.shape == (4, 128, 96) and c.index_keys.shape == (4, 128, 16)
+    assert c.index_scales.dtype == torch.float32 and c.index_scales.shape == (4, 128)  # a scale a key
     assert c.comp_state.kv.dtype == torch.float32  # state rings stay fp32
+
+
+def test_index_scales_only_with_fp8_caches_and_cleared_with_the_slot(fp8_scenario):
+    m = fp8_scenario.model
+    for ratio in (0, 128):  # no indexer: no keys, no scales
+        assert allocate_layer_cache(m, ratio, 3, 512, torch.float32, CPU, fp8=True).index_scales is None
+    plain = allocate_layer_cache(m, 4, 3, 512, torch.float32, CPU)
+    assert plain.index_keys.dtype == torch.float32 and plain.index_scales is None
+    assert plain.stored_keys(torch.ones(2, 16))[1] is None
+    c = allocate_layer_cache(m, 4, 3, 512, torch.float32, CPU, fp8=True)
+    assert any(t is c.index_scales for t in c.tensors())
+    c.index_keys.fill_(7)
+    c.index_scales.fill_(2.0)
+    c.clear(slice(1, 3))
+    assert not c.index_scales[1:3].any() and not c.index_keys[1:3].any()
+    assert (c.index_scales[0] == 2.0).all() and (c.index_scales[3] == 2.0).all() and (c.index_keys[0] == 7).all()
 
 
 def test_torch_path_with_fp8_caches_matches_the_rounding_oracle(fp8_scenario, fp8_run):
@@ -252,6 +301,9 @@ def test_seeded_fill_of_fp8_caches(fp8_scenario):
     w, r4, r128 = caches
     assert int((w.window[1] != 0).any(-1).sum()) == 16 and not w.window[0].any()
     assert int((r4.compressed[1] != 0).any(-1).sum()) == 75 and int((r4.index_keys[2] != 0).any(-1).sum()) == 75
+    assert int((r4.index_scales[2] != 0).sum()) == 75 and not r4.index_scales[0].any()
+    keys = dequantize_keys(r4.index_keys[1:3, :75], r4.index_scales[1:3, :75])
+    assert 0.5 < float(keys.square().mean().sqrt()) < 2  # standard-normal draws, rounded with their scales
     assert int((r128.compressed[2] != 0).any(-1).sum()) == 2
     rows = dequantize_rows(r4.compressed[1, :75], 72, 8)
     assert 0.5 < float(rows.square().mean().sqrt()) < 2  # standard-normal draws, rounded

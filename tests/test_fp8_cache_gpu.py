@@ -7,9 +7,9 @@ on the CPU through Triton's interpreter: indexing, masking and the bit operation
 Checked:
 - the kernels' quantize / dequantize helpers (ops/cache_fp8.py) against torch's, bit for bit, on the same
   fp32 inputs: zeros, e4m3's max, ties, subnormals, power-of-two edges of the block scale, bf16 ties;
-- sparse attention and indexer scores reading FP8 rows / keys in place, every edge case of
-  tests/test_kernels_gpu.py (contexts at the window and block edges, prefill chunks, forced splits, small
-  dims, exact top-K ties). Both paths read the same bytes and dequantize exactly, so the tolerances of
+- sparse attention and indexer scores reading FP8 rows / keys (e4m3 codes and their scales) in place, every
+  edge case of tests/test_kernels_gpu.py (contexts at the window and block edges, prefill chunks, forced splits,
+  small dims, exact top-K ties). Both paths read the same bytes and dequantize exactly, so the tolerances of
   test_kernels_gpu.py apply unchanged and top-K sets on integer inputs must be identical;
 - the kv row of prepare_heads and the compressors' entries and keys quantized in the kernels. The two
   paths quantize fp32 values that differ by summation order and rotation rounding (~1e-6 relative): the
@@ -43,8 +43,8 @@ from conftest import INTERPRET, KERNEL_DEVICE, KERNEL_MARKS
 
 from tp_runtime.ops.torch_path import heads as torch_heads
 from tp_runtime.ops import torch_path
-from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, key_bytes, quantize_keys, quantize_rows,
-                                      round_keys, row_bytes)
+from tp_runtime.ops.cache_fp8 import (dequantize_keys, dequantize_rows, quantize_keys, quantize_rows, round_keys,
+                                      row_bytes)
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -89,18 +89,18 @@ def _load_rows_kernel(b_ptr, y_ptr, n, D: tl.constexpr, DR: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _store_keys_kernel(x_ptr, b_ptr, ID: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_keys_kernel(x_ptr, c_ptr, s_ptr, ID: tl.constexpr, BLOCK_D: tl.constexpr):
     r = tl.program_id(0)
     d = tl.arange(0, BLOCK_D)
-    store_key(b_ptr + r * (ID + 4), tl.load(x_ptr + r * ID + d, mask=d < ID, other=0.0), ID, BLOCK_D)
+    store_key(c_ptr + r * ID, s_ptr + r, tl.load(x_ptr + r * ID + d, mask=d < ID, other=0.0), ID, BLOCK_D)
 
 
 @triton.jit
-def _load_keys_kernel(b_ptr, y_ptr, n, ID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _load_keys_kernel(c_ptr, s_ptr, y_ptr, n, ID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     ok = rows < n
-    y = load_keys(b_ptr + rows * (ID + 4), d, ok, ID)
+    y = load_keys(c_ptr + tl.multiple_of(rows * ID, 16), s_ptr + rows, d, ok, ID)  # Id: a multiple of 16
     tl.store(y_ptr + rows[:, None] * ID + d[None, :], y, mask=ok[:, None] & (d < ID)[None, :])
 
 
@@ -150,14 +150,16 @@ def test_row_helpers_match_torch_bit_for_bit(D, dr):
 @pytest.mark.parametrize("Id", [128, 16, 96])
 def test_key_helpers_match_torch_bit_for_bit(Id):
     x = edge_rows(40, Id, seed=Id)
-    b = torch.full((len(x), key_bytes(Id)), 0xAB, dtype=torch.uint8, device=DEV)
+    codes = torch.full((len(x), Id), 0xAB, dtype=torch.uint8, device=DEV)  # poisoned: every byte must be written
+    scales = torch.full((len(x),), float("nan"), device=DEV)
     bd = triton.next_power_of_2(Id)
-    _store_keys_kernel[(len(x),)](x, b, ID=Id, BLOCK_D=bd)
-    ref = quantize_keys(x)
-    assert torch.equal(b, ref), (b != ref).nonzero()[:8].tolist()
+    _store_keys_kernel[(len(x),)](x, codes, scales, ID=Id, BLOCK_D=bd)
+    ref_codes, ref_scales = quantize_keys(x)
+    assert torch.equal(codes, ref_codes), (codes != ref_codes).nonzero()[:8].tolist()
+    assert torch.equal(scales.view(torch.int32), ref_scales.view(torch.int32))  # the scales' bits
     y = torch.full_like(x, float("nan"))
-    _load_keys_kernel[(triton.cdiv(len(x), 16),)](ref, y, len(x), ID=Id, BLOCK_N=16, BLOCK_D=bd)
-    assert torch.equal(y, dequantize_keys(ref, Id))
+    _load_keys_kernel[(triton.cdiv(len(x), 16),)](ref_codes, ref_scales, y, len(x), ID=Id, BLOCK_N=16, BLOCK_D=bd)
+    assert torch.equal(y, dequantize_keys(ref_codes, ref_scales))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -169,9 +171,9 @@ def test_query_rounding_matches_quantize_keys_bit_for_bit(Id, dtype):
     codes = torch.full((64, Id), 0xAB, dtype=torch.uint8, device=DEV)
     k = torch.full((64,), -999, dtype=torch.int32, device=DEV)
     _quantize_vectors_kernel[(1,)](x, codes, k, M=64, ID=Id, BLOCK_D=triton.next_power_of_2(Id))
-    ref = quantize_keys(x)
-    assert torch.equal(codes, ref[:, :Id]), (codes != ref[:, :Id]).nonzero()[:8].tolist()
-    assert torch.equal(torch.exp2(k.double()).float(), ref[:, Id:].contiguous().view(torch.float32)[:, 0])
+    ref_codes, ref_scales = quantize_keys(x)
+    assert torch.equal(codes, ref_codes), (codes != ref_codes).nonzero()[:8].tolist()
+    assert torch.equal(torch.exp2(k.double()).float(), ref_scales)
 
 
 # ------------------------------------------------------------------ sparse attention over FP8 rows
@@ -253,14 +255,14 @@ def test_fp8_attention_small_dims():
 
 
 def check_topk_fp8(case, n_keys: int, k: int, exact: bool) -> None:
-    """Kernel picks over uint8 keys against the torch path's over the same bytes; near-ties of the K-th
-    score may differ only where the inputs are not integers (test_kernels_gpu.check_topk's rule)."""
-    q, w, keys, slot, nv = case
-    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k)
-    got = indexer_topk(q, w, keys, slot, nv, n_keys, k)
+    """Kernel picks over FP8 keys (codes and scales) against the torch path's over the same ones; near-ties of
+    the K-th score may differ only where the inputs are not integers (test_kernels_gpu.check_topk's rule)."""
+    q, w, keys, slot, nv, scales = case
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k, key_scales=scales)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, key_scales=scales)
     assert got.shape == ref.shape
     n = torch.minimum(nv, torch.tensor(n_keys, device=DEV)).clamp(max=ref.shape[1])
-    kf = dequantize_keys(keys, q.shape[2])
+    kf = dequantize_keys(keys, scales)
     for t in range(len(nv)):
         m = int(n[t])
         r, o = ref[t].tolist(), got[t].tolist()
@@ -277,8 +279,11 @@ def check_topk_fp8(case, n_keys: int, k: int, exact: bool) -> None:
 
 
 def fp8_keys(case):
+    """test_kernels_gpu.topk_case with its keys stored as FP8: (q, w, codes [slots, N, Id], slot, n_valid,
+    scales [slots, N])."""
     q, w, keys, slot, nv = case
-    return q, w, quantize_keys(keys), slot, nv
+    codes, scales = quantize_keys(keys)
+    return q, w, codes, slot, nv, scales
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -299,7 +304,7 @@ def test_fp8_topk_float_inputs(dtype):
 
 
 def test_fp8_topk_small_heads():
-    # tiny dims: 8 heads of 16 dims (20-byte keys), K = 8
+    # tiny dims: 8 heads of 16 dims (16 code bytes and a scale a key), K = 8
     case = topk_case([0, 3, 9, 40, 128], 128, torch.float32, seed=5, integer=True, n_heads=8, dim=16)
     check_topk_fp8(fp8_keys(case), 128, 8, exact=True)
 
@@ -316,14 +321,14 @@ def fp8_dot_case(nv: list[int], n_keys: int, dtype: torch.dtype, seed: int, inte
         g = torch.Generator(device=DEV).manual_seed(seed + 1)
         keys = keys * torch.exp2(torch.randint(-3, 4, (*keys.shape[:2], 1), generator=g, device=DEV)).to(dtype)
         q = q * torch.exp2(torch.randint(-3, 4, (*q.shape[:2], 1), generator=g, device=DEV)).to(dtype)
-    return q, w, quantize_keys(keys), slot, nv_t
+    return fp8_keys((q, w, keys, slot, nv_t))
 
 
-def fp8_dot_reference(q, w, keys, slot, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact scores of round_keys(q) and the stored keys, float64 [T, n_keys], and the bound the kernel's
-    are held to: FP8_DOT_TOL * scale * sum_h |w[h]| * (|q_r[h]| . |k[n]|) (module docstring)."""
+def fp8_dot_reference(q, w, keys, scales, slot, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact scores of round_keys(q) and the stored keys (codes, scales), float64 [T, n_keys], and the bound
+    the kernel's are held to: FP8_DOT_TOL * scale * sum_h |w[h]| * (|q_r[h]| . |k[n]|) (module docstring)."""
     qr = round_keys(q).double()
-    kd = dequantize_keys(keys[slot, :n_keys], q.shape[2], torch.float64)  # [T, n_keys, Id]
+    kd = dequantize_keys(keys[slot, :n_keys], scales[slot, :n_keys], torch.float64)  # [T, n_keys, Id]
     scale = q.shape[2] ** -0.5 * q.shape[1] ** -0.5
     exact = torch.einsum("thn,th->tn", torch.einsum("thd,tnd->thn", qr, kd).relu(), w.double()) * scale
     size = torch.einsum("thn,th->tn", torch.einsum("thd,tnd->thn", qr.abs(), kd.abs()), w.double().abs()) * scale
@@ -334,11 +339,11 @@ def check_fp8_dot_topk(case, n_keys: int, k: int, config, exact: bool) -> None:
     """The kernel with q_fp8 over FP8 keys against the torch path with q_fp8: every valid score within
     fp8_dot_reference's bound of the exact one; picks packed and unique, and as sets the torch path's
     (exact: integer inputs) or differing only where a score lies within twice the bound of the K-th."""
-    q, w, keys, slot, nv = case
-    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k, q_fp8=True)
-    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config, q_fp8=True)
-    scores = indexer_scores(q, w, keys, slot, nv, n_keys, q_fp8=True, config=config).double()
-    want, bound = fp8_dot_reference(q, w, keys, slot, n_keys)
+    q, w, keys, slot, nv, scales = case
+    ref = torch_path.indexer_topk(q, w, keys, slot, nv, n_keys, k, q_fp8=True, key_scales=scales)
+    got = indexer_topk(q, w, keys, slot, nv, n_keys, k, config=config, q_fp8=True, key_scales=scales)
+    scores = indexer_scores(q, w, keys, slot, nv, n_keys, q_fp8=True, config=config, key_scales=scales).double()
+    want, bound = fp8_dot_reference(q, w, keys, scales, slot, n_keys)
     assert got.shape == ref.shape
     for t in range(len(nv)):
         n = min(int(nv[t]), n_keys)
@@ -391,6 +396,16 @@ def check_bytes_close(got: torch.Tensor, ref: torch.Tensor, decode) -> None:
     assert rel_err(decode(got), decode(ref)) < ROW_TOL
 
 
+def check_keys_close(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """FP8 keys (codes uint8 [n, Id], scales fp32 [n]): few differing code bytes and few differing scales,
+    dequantized keys within ROW_TOL (docstring)."""
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        frac = float((a != b).double().mean())
+        assert frac <= BYTES_DIFFER, f"{frac:.2e} of the {a.dtype} values differ"
+    assert rel_err(dequantize_keys(*got), dequantize_keys(*ref)) < ROW_TOL
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D,dr", [(512, 64), (72, 8)])
 def test_prepare_heads_quantizes_the_kv_row(dtype, D, dr):
@@ -408,24 +423,34 @@ def test_prepare_heads_quantizes_the_kv_row(dtype, D, dr):
 
 
 class FP8Case(Case):
-    """test_compressor_kernel_gpu's Case with an FP8 cache: attention rows ("row") or indexer keys ("key")."""
+    """test_compressor_kernel_gpu's Case with an FP8 cache: attention rows ("row") or indexer keys ("key": codes
+    in outs, their scales in scales)."""
 
     def __init__(self, ratio: int, D: int, dtype: torch.dtype, slots: int, seed: int, dr: int, store: str):
         super().__init__(ratio, D, dtype, slots, seed, dr)
         for m in self.mods:
             m.store = store
-        quant = (lambda x: quantize_rows(x, dr)) if store == "row" else quantize_keys
-        self.decode = (lambda b: dequantize_rows(b, D, dr)) if store == "row" else (lambda b: dequantize_keys(b, D))
-        out = quant(self.outs[0].float())
+        self.store = store
+        if store == "row":
+            out, scales = quantize_rows(self.outs[0].float(), dr), None
+        else:
+            out, scales = quantize_keys(self.outs[0].float())
         self.outs = [out.clone() for _ in self.mods]
+        self.scales = [scales if scales is None else scales.clone() for _ in self.mods]
 
     def step(self, chunks: list[tuple[int, int, int]], n_pad: int = 0) -> int:
         b = step_batch(chunks, n_pad, self.ratio, self.trash, self.dr)
         kv, score = self.inputs(len(b.pos))
-        for m, st, out in zip(self.mods, self.states, self.outs):
-            m(kv, score, b, st, out)
+        for m, st, out, sc in zip(self.mods, self.states, self.outs, self.scales):
+            m(kv, score, b, st, out, sc)
         (ref, got), (sr, sg), t = self.outs, self.states, self.trash
-        check_bytes_close(got[:t].flatten(0, 1), ref[:t].flatten(0, 1), self.decode)
+        if self.store == "row":
+            check_bytes_close(got[:t].flatten(0, 1), ref[:t].flatten(0, 1),
+                              lambda x: dequantize_rows(x, self.D, self.dr))
+        else:
+            ref_sc, got_sc = self.scales
+            check_keys_close((got[:t].flatten(0, 1), got_sc[:t].flatten()),
+                             (ref[:t].flatten(0, 1), ref_sc[:t].flatten()))
         assert torch.equal(sg.kv[:t], sr.kv[:t]) and torch.equal(sg.score[:t], sr.score[:t])
         return int((b.ix.blocks[self.ratio].emit_slot != t).sum())
 

@@ -446,16 +446,22 @@ def test_topk_replays_in_a_cuda_graph_with_new_counts(select):
         assert torch.equal(picks.sort(dim=1).values, ref.sort(dim=1).values)
 
 
+def _topk_of_case(fn, case: tuple) -> torch.Tensor:
+    """fn (the kernel's or the torch path's indexer_topk) on a topk_case (q, w, keys, slot, n_valid), 1024 keys a
+    token, K = 512; FP8 keys' cases carry their scales as a sixth element (test_fp8_cache_gpu.fp8_keys)."""
+    return fn(*case[:5], 1024, 512, key_scales=case[5] if len(case) > 5 else None)
+
+
 def assert_graph_replay_follows_inputs(T: int, a: tuple, b: tuple, tq: tuple, tb: tuple) -> None:
     """Capture attention (args a) and top-K (args tq) once, copy b / tb into their tensors, replay: the
     replay equals the torch path on b / tb (64 heads of 512, 1024 keys a token, K = 512)."""
     out = torch.full((T, 64 * 512), float("nan"), dtype=torch.bfloat16, device=DEV)
     sparse_attention_sink(*a, out)  # compile outside the capture
-    indexer_topk(*tq, 1024, 512)
+    _topk_of_case(indexer_topk, tq)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         sparse_attention_sink(*a, out)
-        picks = indexer_topk(*tq, 1024, 512)
+        picks = _topk_of_case(indexer_topk, tq)
     for dst, src in zip(list(a) + list(tq), list(b) + list(tb)):
         if isinstance(dst, torch.Tensor):
             dst.copy_(src)
@@ -467,4 +473,4 @@ def assert_graph_replay_follows_inputs(T: int, a: tuple, b: tuple, tq: tuple, tb
     ref = torch.empty_like(out)
     sparse_attention_torch(*b, ref)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
-    assert torch.equal(picks.sort(dim=1).values, torch_path.indexer_topk(*tb, 1024, 512).sort(dim=1).values)
+    assert torch.equal(picks.sort(dim=1).values, _topk_of_case(torch_path.indexer_topk, tb).sort(dim=1).values)

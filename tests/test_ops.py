@@ -91,14 +91,14 @@ def test_indexer_topk_q_fp8_scores_the_query_rounded_as_a_key(dtype, fp8_keys):
     q[0, 1] = 0.0  # a zero head: scale 1, codes 0
     w = torch.randn(T, Ih, generator=g).to(dtype)
     keys = torch.randn(3, N, Id, generator=g).to(dtype)
-    keys = quantize_keys(keys) if fp8_keys else keys
+    keys, scales = quantize_keys(keys) if fp8_keys else (keys, None)  # FP8: codes [3, N, Id], scales [3, N]
     slot, nv = torch.tensor([0, 1, 2, 1, 0]), torch.tensor([300, 0, 7, 64, 250])
     rq = round_keys(q)
     assert rq.dtype == dtype and torch.equal(round_keys(rq), rq)  # exact in q's dtype: a rounded q stays put
     args = (w, keys, slot, nv, N, 16)
-    got, plain = indexer_topk(q, *args, q_fp8=True), indexer_topk(q, *args)
-    assert torch.equal(got, indexer_topk(rq, *args))
-    assert torch.equal(indexer_topk(q, *args, q_fp8=False), plain)
+    got, plain = indexer_topk(q, *args, q_fp8=True, key_scales=scales), indexer_topk(q, *args, key_scales=scales)
+    assert torch.equal(got, indexer_topk(rq, *args, key_scales=scales))
+    assert torch.equal(indexer_topk(q, *args, q_fp8=False, key_scales=scales), plain)
     assert not torch.equal(got, plain)  # the rounding changes some picks
 
 

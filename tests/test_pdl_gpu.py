@@ -25,7 +25,7 @@ import torch
 from tp_runtime.config import ModelConfig
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import block_index, ring_index
-from tp_runtime.ops.cache_fp8 import key_bytes, quantize_keys, quantize_rows, row_bytes
+from tp_runtime.ops.cache_fp8 import quantize_keys, quantize_rows, row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState, ring_length
 from tp_runtime.ops.indexer_topk import indexer_topk
@@ -157,21 +157,24 @@ def test_compress_pool(T, ratio, dim, store):
     ring, blk = decode_ring(R, slot, pos), block_index(ratio, slot, pos, T, RotaryTable(
         DR, FLASH.compress_rope_theta, FLASH.rope_scaling, MAX_LEN, DEV))
     n = -(-MAX_LEN // ratio)
-    nb = {"plain": dim, "row": row_bytes(dim, DR), "key": key_bytes(dim)}[store]
+    nb = {"plain": dim, "row": row_bytes(dim, DR), "key": dim}[store]  # "key": the e4m3 codes
     out = _randn(g, T + 1, n, dim) if store == "plain" else torch.randint(0, 256, (T + 1, n, nb), generator=g,
                                                                           device=DEV, dtype=torch.uint8)
+    scales = [_randn(g, T + 1, n, dtype=torch.float32)] if store == "key" else []  # the keys' scales
     wide = _randn(g, T, 2 * C + 8)  # kv and score: column views of one GEMM output
     wide[:, C + 3:2 * C + 3] *= 2.0
     inputs = [wide, _randn(g, ratio, C, scale=0.5, dtype=torch.float32), 1 + _randn(g, dim, scale=0.1),
               _randn(g, T + 1, R, C, dtype=torch.float32), _randn(g, T + 1, R, C, scale=2.0, dtype=torch.float32),
-              out, *ring, *blk]
+              out, *ring, *blk, *scales]
+    n_idx = len(ring) + len(blk)
 
     def op(x: list[torch.Tensor], pdl: bool) -> list[torch.Tensor]:
         w, ape, weight, skv, ssc, o = x[:6]
         st = RingState(skv, ssc)
-        compress_pool(w[:, 3:3 + C], w[:, C + 3:2 * C + 3], ape, weight, EPS, BlockIndex(*x[6 + len(ring):]),
-                      RingIndex(*x[6:6 + len(ring)]), st, o, store, pdl=pdl)
-        return [o, skv, ssc]
+        sc = x[6 + n_idx:]  # [the keys' scales] with store "key", else []
+        compress_pool(w[:, 3:3 + C], w[:, C + 3:2 * C + 3], ape, weight, EPS, BlockIndex(*x[6 + len(ring):6 + n_idx]),
+                      RingIndex(*x[6:6 + len(ring)]), st, o, store, *sc, pdl=pdl)
+        return [o, skv, ssc, *sc]
 
     check_on_off(inputs, op)
 
@@ -182,12 +185,16 @@ def test_indexer_topk(T, fp8):
     g = torch.Generator(device=DEV).manual_seed(T + fp8)
     n_keys = MAX_LEN // 4
     keys = _randn(g, T + 1, n_keys, ID)
-    keys = quantize_keys(keys) if fp8 else keys
+    keys = list(quantize_keys(keys)) if fp8 else [keys]  # FP8: e4m3 codes and their scales
     slot = torch.arange(T, device=DEV)
     n_valid = torch.randint(0, n_keys + 1, (T,), generator=g, device=DEV)
     n_valid[0] = n_keys  # the longest context; others below and above K
-    inputs = [_randn(g, T, IH, ID), _randn(g, T, IH), keys, slot, n_valid]
-    check_on_off(inputs, lambda x, pdl: [indexer_topk(*x, n_keys, TOPK, pdl=pdl)])
+    inputs = [_randn(g, T, IH, ID), _randn(g, T, IH), keys[0], slot, n_valid, *keys[1:]]
+
+    def op(x: list[torch.Tensor], pdl: bool) -> list[torch.Tensor]:
+        return [indexer_topk(*x[:5], n_keys, TOPK, pdl=pdl, key_scales=x[5] if fp8 else None)]
+
+    check_on_off(inputs, op)
 
 
 @pytest.mark.parametrize("T", BATCHES)

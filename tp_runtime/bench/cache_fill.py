@@ -6,7 +6,8 @@ at the same places: window ring rows pos % W for the last min(W, c) positions; c
 the last min(R, c) positions (R = c_factor * r). Values are seeded standard-normal rows, the scale
 of what a prefill stores (RMS-normed cache rows, unit-scale projections). Everything else in those slots
 is zeroed first, so the written rows are exactly the occupied ones. Every rank draws the same values.
-FP8 caches get the same draws, quantized into their byte layout (LayerCache.stored_rows / stored_keys).
+FP8 caches get the same draws, quantized into their layout (LayerCache.stored_rows; stored_keys: the keys'
+e4m3 codes into index_keys, their scales into index_scales).
 
 `fill_by_prefill` runs the real prefill (chunked, one sequence per step) on the seeded inputs the
 workload generator gives request = slot.
@@ -54,6 +55,18 @@ def _prefix_write(rows: torch.Tensor, slots: slice, n: int, g: torch.Generator, 
     rows[slots, :n] = store(torch.randn(batch, n, dim or rows.shape[2], generator=g, device=rows.device, dtype=dt))
 
 
+def _key_prefix_write(cache: LayerCache, slots: slice, n: int, g: torch.Generator) -> None:
+    """Indexer keys 0..n-1 (completed blocks): Id values drawn (as _prefix_write draws rows), stored as
+    cache.stored_keys makes them into index_keys [slots, N, Id] and, with FP8 caches, index_scales [slots, N]."""
+    batch = slots.stop - slots.start
+    dt = torch.float32 if cache.fp8 else cache.index_keys.dtype
+    keys = torch.randn(batch, n, cache.index_dim, generator=g, device=cache.index_keys.device, dtype=dt)
+    codes, scales = cache.stored_keys(keys)
+    cache.index_keys[slots, :n] = codes
+    if scales is not None:
+        cache.index_scales[slots, :n] = scales
+
+
 def _state_write(state: RingState, slots: slice, context: int, g: torch.Generator) -> None:
     _ring_write(state.kv, slots, context, g)
     _ring_write(state.score, slots, context, g)
@@ -82,7 +95,7 @@ def fill_seeded(caches: list[LayerCache], ratios: list[int], batch: int, context
             _prefix_write(cache.compressed, slots, context // r, g, cache.dim, cache.stored_rows)
             _state_write(cache.comp_state, slots, context, g)
         if r == 4:
-            _prefix_write(cache.index_keys, slots, context // 4, g, cache.index_dim, cache.stored_keys)
+            _key_prefix_write(cache, slots, context // 4, g)
             _state_write(cache.index_state, slots, context, g)
 
 

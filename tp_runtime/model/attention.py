@@ -234,7 +234,7 @@ class DSV4Attention(nn.Module):
 
     def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> None:
         """The compressors: this step's completed entries into cache.compressed (r > 0) and indexer keys
-        into cache.index_keys (r = 4); device metadata only."""
+        into cache.index_keys (r = 4; FP8 caches: their scales into cache.index_scales); device metadata only."""
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
         if self.indexer is not None:

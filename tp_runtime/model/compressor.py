@@ -7,7 +7,8 @@ then keeps the newest c*r tokens as state. With r = 4 (c = 2) blocks overlap: en
 over block i-1's tokens (channels [0, D)) and block i's tokens (channels [D, 2D)); block -1 counts as
 score -inf. All of it is fp32 math; entries are rounded once, into the cache's dtype, or with FP8 caches
 (a uint8 `out`) quantized from fp32 into the layout of `store`: "row" (attention rows, e4m3 nope + bf16
-rope) for the layer's compressor, "key" (e4m3 + one fp32 scale) for the indexer's (ops/cache_fp8.py).
+rope) for the layer's compressor, "key" (e4m3 codes, and one fp32 scale a key into a tensor of its own) for
+the indexer's (ops/cache_fp8.py).
 The kernels are the backend's `compress`: ops/torch_path.py `compress_pool` (the semantics) or the two
 Triton launches of ops/compressor_pool.py.
 """
@@ -40,9 +41,11 @@ class Compressor(nn.Module):
         self.backend = backend
 
     def forward(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, state: RingState,
-                out: torch.Tensor) -> None:
+                out: torch.Tensor, scales: torch.Tensor | None = None) -> None:
         """Stage B: kv, score [T, c*D] (stage A's projections, any float dtype) -> the entries completed
-        in this step into out [slots+1, N, D] (uint8 [slots+1, N, bytes]: FP8 entries); update state."""
+        in this step into out [slots+1, N, D] (uint8 [slots+1, N, bytes]: FP8 entries; FP8 keys: their e4m3
+        codes [slots+1, N, D], and their fp32 scales into scales [slots+1, N]); update state."""
         blk, ring = b.ix.blocks[self.ratio], b.ix.rings[ring_length(self.ratio)]
         store = self.store if out.dtype == torch.uint8 else "plain"
-        self.backend.compress(kv, score, self.ape, self.norm.weight, self.norm.eps, blk, ring, state, out, store)
+        self.backend.compress(kv, score, self.ape, self.norm.weight, self.norm.eps, blk, ring, state, out, store,
+                              scales)

@@ -6,7 +6,8 @@ the indexer query from qr (rotated at the layer's "compressed" angles, with the 
 its own branch: DSV4Attention.stage_b), lets the compressor emit keys, scores every valid entry and
 selects the top K. The reference's Hadamard rotation of query and keys cancels in their dot product, and
 its FP4 simulation vanishes in exact arithmetic: both are skipped. With FP8 caches the keys are stored as
-e4m3 with one fp32 scale each and the scores read them so (the rounded keys), as the released model does.
+e4m3 codes (cache.index_keys) with one fp32 scale each (cache.index_scales) and the scores read them so (the
+rounded keys), as the released model does.
 With runtime.indexer_q=e4m3 the scores also round each head's query the same way (FP8 keys: an FP8 dot), as
 DeepSeek's and vLLM's indexers do.
 """
@@ -40,12 +41,12 @@ class Indexer(nn.Module):
         return self.wq_b(qr, qr_norm).view(len(qr), self.n_heads, self.head_dim)
 
     def prepare(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, cache: LayerCache) -> None:
-        """Device metadata only: emit this step's keys into cache.index_keys."""
-        self.compressor(kv, score, b, cache.index_state, cache.index_keys)
+        """Device metadata only: emit this step's keys into cache.index_keys (FP8: and cache.index_scales)."""
+        self.compressor(kv, score, b, cache.index_state, cache.index_keys, cache.index_scales)
 
     def select(self, q: torch.Tensor, w: torch.Tensor, b: StepBatch, cache: LayerCache) -> torch.Tensor:
         """Host metadata: the chosen entries [n, min(K, N)] of the n real tokens, -1 where none (q roped)."""
         n = b.n_tokens
         n_keys = (b.max_pos + 1) // 4  # entries any token of this step may see (host bound)
         return self.backend.indexer_topk(q[:n], w[:n], cache.index_keys, b.slot[:n], b.ix.blocks[4].n_done[:n],
-                                         n_keys, self.topk, q_fp8=self.q_fp8)
+                                         n_keys, self.topk, q_fp8=self.q_fp8, key_scales=cache.index_scales)

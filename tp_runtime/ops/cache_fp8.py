@@ -12,8 +12,15 @@ The released layout pads to 8 bytes (584); rows here are padded to 16 so that ev
 and kernels gather them in 16-byte pieces (1.4 % more bytes a row). FlashMLA keeps 584 bytes a token and the
 same alignment by storing a page's scale bytes apart from its 576-byte rows.
 
-Indexer key of Id dims (Flash: 128), uint8 [..., key_bytes(Id)]: Id e4m3 values, then one fp32 scale
-(a power of two, little-endian): 132 bytes.
+Indexer keys of Id dims (Flash: 128) as two tensors, DeepSeek's reference layout (its V3.2 inference code's
+k_cache and k_scale_cache):
+
+    codes   uint8 [..., Id]     the Id values as e4m3, each divided by the key's scale
+    scales  float32 [...]       one power-of-two scale per key
+
+key_bytes(Id) = Id + 4 bytes a key in all (Flash: 132). A row of codes alone is Id bytes, so with Id a
+multiple of 16 every key's codes start 16-byte aligned and a kernel copies them in 16-byte pieces; rows
+holding a key's codes and scale together (Id + 4 bytes) would be 4-byte aligned only.
 
 Scale of a block: the smallest power of two s with amax / s <= 448 (e4m3's largest finite value),
 found from amax's fp32 bits (exponent E, mantissa M: 448 = 1.75 * 2^8, so s = 2^(E - 135) when
@@ -33,7 +40,7 @@ from tp_runtime.ops.kernel_support import jit, tl
 
 E4M3_MAX = 448.0
 BLOCK = 64  # nope dims per e8m0 scale
-KEY_SCALE_BYTES = 4  # one fp32 scale per indexer key
+KEY_SCALE_BYTES = 4  # one fp32 scale per indexer key, in its own tensor
 
 
 def row_bytes(dim: int, rope_dim: int) -> int:
@@ -46,7 +53,7 @@ def row_bytes(dim: int, rope_dim: int) -> int:
 
 
 def key_bytes(dim: int) -> int:
-    """Bytes of one indexer key: Id e4m3 values + one fp32 scale."""
+    """Bytes of one indexer key: Id e4m3 codes (in the codes tensor) + one fp32 scale (in the scales tensor)."""
     return dim + KEY_SCALE_BYTES
 
 
@@ -92,17 +99,17 @@ def dequantize_rows(b: torch.Tensor, dim: int, rope_dim: int, dtype: torch.dtype
     return torch.cat(((vals * scales[..., None]).reshape(*lead, nope), rope), dim=-1).to(dtype)
 
 
-def quantize_keys(x: torch.Tensor) -> torch.Tensor:
-    """Indexer keys x [..., Id] -> uint8 [..., Id + 4]: e4m3 values and their fp32 power-of-two scale."""
+def quantize_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer keys x [..., Id] (any float dtype) -> (codes uint8 [..., Id]: e4m3 values, scales float32 [...]:
+    each key's power-of-two scale)."""
     xf = x.float()
-    k = pow2_exponent(xf.abs().amax(-1, keepdim=True))  # [..., 1]
-    return torch.cat((_e4m3(xf, k), pow2(k).contiguous().view(torch.uint8)), dim=-1)
+    k = pow2_exponent(xf.abs().amax(-1))  # [...]
+    return _e4m3(xf, k[..., None]), pow2(k)
 
 
-def dequantize_keys(b: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 keys [..., Id + 4] -> [..., Id] in dtype (exact)."""
-    scale = b[..., dim: dim + KEY_SCALE_BYTES].contiguous().view(torch.float32)  # [..., 1]
-    return (b[..., :dim].contiguous().view(torch.float8_e4m3fn).float() * scale).to(dtype)
+def dequantize_keys(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """codes uint8 [..., Id], scales float32 [...] -> keys [..., Id] in dtype (exact)."""
+    return (codes.view(torch.float8_e4m3fn).float() * scales[..., None]).to(dtype)
 
 
 def round_rows(x: torch.Tensor, rope_dim: int) -> torch.Tensor:
@@ -111,7 +118,8 @@ def round_rows(x: torch.Tensor, rope_dim: int) -> torch.Tensor:
 
 
 def round_keys(x: torch.Tensor) -> torch.Tensor:
-    return dequantize_keys(quantize_keys(x), x.shape[-1], x.dtype)
+    """What keys x [..., Id] become once stored and read back (quantize, dequantize), in x's dtype."""
+    return dequantize_keys(*quantize_keys(x), x.dtype)
 
 
 # ---------------------------------------------------------------- Triton helpers (registers <-> bytes)
@@ -210,21 +218,22 @@ def store_row(ptr, y, DN: tl.constexpr, DR: tl.constexpr, BLOCK_D: tl.constexpr,
 
 
 @jit
-def load_keys(ptr, d, ok, ID: tl.constexpr):
-    """Indexer keys read in place: ptr [N] uint8 pointers (4-byte aligned: keys are Id + 4 bytes with Id a
-    multiple of 4), d [BLOCK_D], ok [N] -> [N, BLOCK_D] fp32. Vector loads of the e4m3 bytes, the hardware
-    e4m3 conversion (exact) and one fp32 scale load a key."""
+def load_keys(ptr, scale_ptr, d, ok, ID: tl.constexpr):
+    """Indexer keys read in place: ptr [N] uint8 pointers to rows of Id codes (16-byte aligned where Id is a
+    multiple of 16; the caller promises it with tl.multiple_of), scale_ptr [N] fp32 pointers to their scales,
+    d [BLOCK_D], ok [N] -> [N, BLOCK_D] fp32, zero where not ok or d >= ID. Vector loads of the codes, the
+    hardware e4m3 conversion (exact) and one fp32 scale load a key."""
     codes = tl.load(ptr[:, None] + d[None, :], mask=ok[:, None] & (d < ID)[None, :], other=0)
-    scale = tl.load((ptr + ID).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)  # [N]
+    scale = tl.load(scale_ptr, mask=ok, other=0.0)  # [N]
     return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]
 
 
 @jit
 def load_key_codes(ptr, d, ok, ID: tl.constexpr):
-    """The e4m3 values of indexer keys read in place, left encoded (load_keys' pointers and masks) -> [N, BLOCK_D]
-    tl.float8e4nv, zero where not ok or d >= ID: what an FP8 dot takes (a key is these times its scale).
-    Loaded through an e4m3 pointer, not as bytes bit-cast after the load, so that the compiler's async copy
-    writes them straight into the MMA's shared-memory operand (a cast between would route them through
+    """The e4m3 codes of indexer keys read in place, left encoded (load_keys' code pointers and masks) ->
+    [N, BLOCK_D] tl.float8e4nv, zero where not ok or d >= ID: what an FP8 dot takes (a key is these times its
+    scale). Loaded through an e4m3 pointer, not as bytes bit-cast after the load, so that the compiler's async
+    copy writes them straight into the MMA's shared-memory operand (a cast between would route them through
     registers)."""
     cp = ptr.to(tl.pointer_type(tl.float8e4nv))[:, None] + d[None, :]
     return tl.load(cp, mask=ok[:, None] & (d < ID)[None, :], other=0.0)
@@ -233,8 +242,8 @@ def load_key_codes(ptr, d, ok, ID: tl.constexpr):
 @jit
 def quantize_vectors(x):
     """x [M, BLOCK_D] (zero past the vector's dims) -> (e4m3 codes [M, BLOCK_D] as tl.float8e4nv, exponents k
-    [M] int32): each row divided by its power-of-two scale 2^k and rounded as store_key rounds a key (the
-    bytes of quantize_keys, bit for bit); a row is codes * 2^k."""
+    [M] int32): each row divided by its power-of-two scale 2^k and rounded as store_key rounds a key (the codes
+    and scale of quantize_keys, bit for bit); a row is codes * 2^k."""
     xf = x.to(tl.float32)
     k = pow2_exp(tl.max(tl.abs(xf), axis=1))  # [M]
     codes = e4m3_encode(tl.minimum(tl.maximum(xf * exp2_int(-k)[:, None], -448.0), 448.0))
@@ -242,13 +251,12 @@ def quantize_vectors(x):
 
 
 @jit
-def store_key(ptr, y, ID: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One indexer key y [BLOCK_D] fp32 (dims >= ID ignored) into ID + 4 bytes at uint8 pointer ptr."""
+def store_key(ptr, scale_ptr, y, ID: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One indexer key y [BLOCK_D] fp32 (dims >= ID ignored): its ID e4m3 codes at uint8 pointer ptr, its
+    power-of-two scale at fp32 pointer scale_ptr (one fp32 store)."""
     d = tl.arange(0, BLOCK_D)
     y = tl.where(d < ID, y, 0.0)
     k = pow2_exp(tl.max(tl.abs(y), axis=0))
     codes = e4m3_encode(tl.minimum(tl.maximum(y * exp2_int(-k), -448.0), 448.0))
     tl.store(ptr + d, codes.to(tl.uint8), mask=d < ID)
-    sbits = (k + 127) << 23  # the fp32 scale's bits, little-endian bytes
-    i = tl.arange(0, 4)
-    tl.store(ptr + ID + i, ((sbits >> (8 * i)) & 255).to(tl.uint8))
+    tl.store(scale_ptr, exp2_int(k))

@@ -11,7 +11,8 @@ C = c*D channels of stage A's projections kv, score [T, C]) the entry of block i
     pooled[d] = sum_j softmax_j(score[j, d]) * kv[j, d]                                   [D] fp32
     y = w * pooled * rsqrt(mean(pooled^2) + eps),  pairs (2k, 2k+1) of its last Dr dims turned by cis[t]
     out[emit_slot[t], i] = y in out's dtype, or with FP8 caches (uint8 out) y quantized from fp32 into the
-        layout `store` names: "row" (e4m3 nope + bf16 rope + e8m0 scales) or "key" (e4m3 + an fp32 scale)
+        layout `store` names: "row" (e4m3 nope + bf16 rope + e8m0 scales) or "key" (the e4m3 codes into out,
+        the key's fp32 scale into scales[emit_slot[t], i])
 
 which is `torch_path.compress_pool`. Only tokens that complete their block (emit_slot is not the
 trash slot, the last slot of out) do this work; the others return at once and leave the trash slot
@@ -59,6 +60,7 @@ def _pool_kernel(
     w_ptr,  # norm weight [D]
     cis_ptr, s_cis,  # [T, DR/2, 2] fp32: rotary at block * r
     out_ptr, so_slot, so_row,  # out [slots + 1, N, D], last dim contiguous (FP8: uint8 [slots + 1, N, NB])
+    sc_ptr, ss_slot, ss_row,  # STORE == 2: the keys' scales [slots + 1, N] fp32
     trash, eps,
     RATIO: tl.constexpr, R: tl.constexpr, C: tl.constexpr, D: tl.constexpr, DR: tl.constexpr,
     OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STORE: tl.constexpr, NB: tl.constexpr,
@@ -115,8 +117,8 @@ def _pool_kernel(
         dst = out_ptr + slot * so_slot + blk * so_row
         if STORE == 1:  # FP8 attention row
             store_row(dst, tl.where(dm, y, 0.0), D - DR, DR, BLOCK_D, NB)
-        elif STORE == 2:  # FP8 indexer key
-            store_key(dst, tl.where(dm, y, 0.0), D, BLOCK_D)
+        elif STORE == 2:  # FP8 indexer key: codes into out, the scale into scales
+            store_key(dst, sc_ptr + slot * ss_slot + blk * ss_row, tl.where(dm, y, 0.0), D, BLOCK_D)
         else:
             tl.store(dst + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
@@ -145,14 +147,16 @@ def _state_kernel(
 
 def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
                   blk: BlockIndex, ring: RingIndex, state: RingState, out: torch.Tensor, store: str = "plain",
-                  pdl: bool = False) -> None:
+                  scales: torch.Tensor | None = None, pdl: bool = False) -> None:
     """Stage B of a compressor for T tokens: the entries of tokens that complete a block into out, then
     this step's rows into the state rings. Two launches.
 
     kv, score [T, C] (stage A's projections, C = c*D, last dim contiguous, bf16 / fp16 / fp32);
     ape [r, C] fp32; weight [D] the norm's; blk: the BlockIndex of ratio r; ring: the RingIndex of
     R = c*r rows; state: rings [slots + 1, R, C]; out [slots + 1, N, D], its last slot the trash slot;
-    store: "plain" (out's dtype), "row" / "key" (FP8 bytes into a uint8 out, as torch_path.compress_pool stores them).
+    store: "plain" (out's dtype), "row" / "key" (FP8 into a uint8 out, as torch_path.compress_pool stores them);
+    scales: with store "key" the keys' scales fp32 [slots + 1, N] (out: their e4m3 codes [slots + 1, N, D]),
+    else None.
     pdl: both launches with programmatic dependent launch (resolve_pdl; bitwise the same outputs).
     The signature and meaning of `torch_path.compress_pool` (and pdl).
     """
@@ -162,6 +166,7 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     ratio, C = ape.shape
     D, R = weight.shape[0], ring.valid.shape[1]
     assert (store == "plain") == (out.dtype != torch.uint8), (store, out.dtype)
+    assert (store == "key") == (scales is not None), (store, scales)
     dr = 2 * blk.cis.shape[-1]
     assert C in (D, 2 * D) and R == C // D * ratio, (ape.shape, out.shape, ring.valid.shape)
     assert kv.stride(1) == 1 and score.stride(1) == 1 and out.stride(2) == 1 and ape.is_contiguous()
@@ -173,11 +178,13 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     block_d = triton.next_power_of_2(D)
     block_r = min(R, max(1, TILE // block_d))
     u8 = torch.uint8
+    sc = scales if scales is not None else ape  # not read unless store == "key"
     _pool_kernel[(T,)](
         kv, kv.stride(0), score, score.stride(0), ape, ring_kv, ring_sc,
         ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
         ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
         blk.phase, blk.block, blk.emit_slot, weight, cis, cis.stride(0), out, out.stride(0), out.stride(1),
+        sc, sc.stride(0), sc.stride(1),
         out.shape[0] - 1, eps,
         RATIO=ratio, R=R, C=C, D=D, DR=dr, OVERLAP=C == 2 * D, BLOCK_R=block_r, BLOCK_D=block_d,
         STORE={"plain": 0, "row": 1, "key": 2}[store], NB=out.shape[-1], PDL=pdl,

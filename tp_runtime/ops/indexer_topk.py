@@ -16,9 +16,11 @@ walks a long context's scores in runs over several programs a token); "fused" ru
 program counts itself in after its run (an acq_rel atomic after a barrier) and the token's last program to
 count in (run 0 always, for n = 0) selects, while other tokens' programs still score.
 
-With FP8 keys (uint8 [slots, N, Id + 4], ops/cache_fp8.py) the score kernel reads the e4m3 bytes and the
-fp32 scale in place (4-byte vector loads: the host promises the key stride's alignment) and dequantizes in
-registers (exact in q's dtype).
+With FP8 keys (ops/cache_fp8.py: codes uint8 [slots, N, Id] and key_scales fp32 [slots, N], one power-of-two
+scale per key) the score kernel reads the codes in place through 16-byte-aligned row pointers (with Id a
+multiple of 16: the host computes the alignment from the code rows' strides, `row_align`, and the kernel
+promises it with tl.multiple_of, so the codes copy in 16-byte pieces) and the scales through a plain fp32
+pointer, and dequantizes in registers (exact in q's dtype).
 
 q_fp8 (runtime.indexer_q=e4m3, as DeepSeek's and vLLM's indexers): the score is that of q rounded as a key is
 stored, each head's q[t, h] to e4m3 with one power-of-two scale qs[h] (cache_fp8's rule and integer-exact
@@ -32,11 +34,11 @@ below 64 heads a block, Triton's MMA v2 path, which widens both to f16 in regist
 
     score[n] = ks[n] * sum_h (w[h] * qs[h]) * relu(dot[h, n]) * scale.
 
-The keys' scales of a program's run load once before its loop ([BLOCKS_P2, BLOCK_N]: only a dot's operands
-are copied ahead asynchronously). Products of two e4m3 values are exact in fp32, so this differs from the
-decoded fp32 dot only by the accumulation: in order of summation, and on Hopper in precision (the FP8 MMA
-adds its Id products into an accumulator narrower than fp32, about 14 bits as DeepSeek-V3's report measured;
-tests/test_fp8_cache_gpu.py states the bound it is held to).
+The keys' scales of a program's run load once, from key_scales, before its loop ([BLOCKS_P2, BLOCK_N]: only
+a dot's operands are copied ahead asynchronously). Products of two e4m3 values are exact in fp32, so this
+differs from the decoded fp32 dot only by the accumulation: in order of summation, and on Hopper in precision
+(the FP8 MMA adds its Id products into an accumulator narrower than fp32, about 14 bits as DeepSeek-V3's
+report measured; tests/test_fp8_cache_gpu.py states the bound it is held to).
 Picks may then differ from the torch path's only where two scores lie within that bound of each other.
 Triton's interpreter runs the FP8 dot on the decoded values with fp32 sums.
 
@@ -67,7 +69,8 @@ from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, 
 def _score_kernel(
     q_ptr, sq_t, sq_h,  # q [T, Ih, Id], last dim contiguous
     w_ptr, sw_t,  # w [T, Ih]
-    k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous (FP8: uint8 [slots, N, Id + 4])
+    k_ptr, sk_slot, sk_row,  # keys [slots, N, Id], last dim contiguous (FP8: uint8 e4m3 codes)
+    ks_ptr, sks_slot,  # FP8: key scales [slots, N] fp32, last dim contiguous
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
     hist_ptr, s_hist,  # BINS: zeroed scratch [T, 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
@@ -93,9 +96,11 @@ def _score_kernel(
         w = tl.load(w_ptr + t * sw_t + h, mask=h < IH, other=0.0).to(tl.float32)  # [BLOCK_H]
         if Q_FP8:  # runtime.indexer_q=e4m3: each head's q rounded once for the run (FP8 keys: q becomes codes)
             q, w = _round_q(q, w, FP8)
-        base = k_ptr + tl.load(slot_ptr + t) * sk_slot
+        slot = tl.load(slot_ptr + t)
+        base = k_ptr + slot * sk_slot
+        scale_base = ks_ptr + slot * sks_slot  # FP8: the token's key scales
         if FP8 and Q_FP8:  # the run's key scales, loaded once: the loop's only loads are the key codes
-            run_scales = _run_key_scales(base, start, n, sk_row, ID, BLOCKS, BLOCKS_P2, BLOCK_N, ROW_ALIGN)
+            run_scales = _run_key_scales(scale_base, start, n, BLOCKS, BLOCKS_P2, BLOCK_N)
         for b0 in range(start, tl.minimum(start + BLOCK_N * BLOCKS, n), BLOCK_N):
             s = b0 + tl.arange(0, BLOCK_N)
             km = s < n
@@ -104,7 +109,7 @@ def _score_kernel(
                 k_scale = _block_row(run_scales, (b0 - start) // BLOCK_N)  # [BLOCK_N]
                 score = _fp8_dot_scores(q, w, row, d, km, ID) * k_scale * scale  # [BLOCK_N]
             else:
-                score = _dot_scores(q, w, row, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
+                score = _dot_scores(q, w, row, scale_base + s, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
             if BINS:  # the first digit's histogram, as the scores come (integer adds: any order, same counts)
                 digit = (order_key(score) >> (32 - HI_BITS)).to(tl.int32)
@@ -139,11 +144,12 @@ def _round_q(q, w, FP8: tl.constexpr):
 
 
 @jit
-def _dot_scores(q, w, row, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
+def _dot_scores(q, w, row, key_scale, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
     """sum_h w[h] * relu(q[h] . key[n]) [BLOCK_N] for the keys at row pointers row [BLOCK_N] (km: valid), in
-    q's dtype on the tensor cores; FP8 keys decoded in registers (e4m3 times the key's scale: exact)."""
+    q's dtype on the tensor cores; FP8 keys (row: pointers to their codes, key_scale [BLOCK_N]: fp32 pointers
+    to their scales) decoded in registers (e4m3 times the key's scale: exact)."""
     if FP8:
-        k = load_keys(row, d, km, ID).to(q.dtype)
+        k = load_keys(row, key_scale, d, km, ID).to(q.dtype)
     else:
         k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
     logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
@@ -153,23 +159,21 @@ def _dot_scores(q, w, row, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION
 @jit
 def _fp8_dot_scores(q_codes, w, row, d, km, ID: tl.constexpr):
     """sum_h w[h] * relu(q_codes[h] . codes[n]) [BLOCK_N]: the FP8 dot of the e4m3 q codes [BLOCK_H, BLOCK_D]
-    and the keys' e4m3 codes as stored (no decode in registers: the async copies feed the MMA), fp32
-    accumulation. Times each key's scale, the score of the rounded q and key."""
+    and the keys' e4m3 codes at row pointers row [BLOCK_N] as stored (no decode in registers: the async copies
+    feed the MMA), fp32 accumulation. Times each key's scale, the score of the rounded q and key."""
     k_codes = load_key_codes(row, d, km, ID)  # [BLOCK_N, BLOCK_D] e4m3 (K-major: the MMA's B as it needs it)
     logits = tl.maximum(tl.dot(q_codes, tl.trans(k_codes), out_dtype=tl.float32), 0.0)  # [BLOCK_H, BLOCK_N]
     return tl.sum(logits * w[:, None], axis=0)
 
 
 @jit
-def _run_key_scales(base, start, n, sk_row, ID: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                    BLOCK_N: tl.constexpr, ROW_ALIGN: tl.constexpr):
-    """The fp32 scales of a run's FP8 keys [BLOCKS_P2, BLOCK_N] (block j's in row j; zero at and past n and
-    in rows j >= BLOCKS): one load before the loop (a scale load per block would be a synchronous load: only
-    the dot's operands are copied ahead asynchronously)."""
+def _run_key_scales(scale_base, start, n, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The fp32 scales of a run's FP8 keys [BLOCKS_P2, BLOCK_N] from the token's scales at scale_base (fp32,
+    [N]; block j's in row j; zero at and past n and in rows j >= BLOCKS): one load before the loop (a scale
+    load per block would be a synchronous load: only the dot's operands are copied ahead asynchronously)."""
     j = tl.arange(0, BLOCKS_P2)[:, None]
     s = start + j * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    ptr = base + tl.multiple_of(s.to(tl.int64) * sk_row, [ROW_ALIGN, ROW_ALIGN]) + ID
-    return tl.load(ptr.to(tl.pointer_type(tl.float32)), mask=(s < n) & (j < BLOCKS), other=0.0)
+    return tl.load(scale_base + s, mask=(s < n) & (j < BLOCKS), other=0.0)
 
 
 @jit
@@ -216,11 +220,11 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
                  n_keys: int, k: int, config: TopkConfig | None = None, pdl: bool = False,
-                 q_fp8: bool = False) -> torch.Tensor:
+                 q_fp8: bool = False, key_scales: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
-    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys), slot [T],
-    n_valid [T]: token t may pick
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 e4m3 codes [slots, N, Id]: FP8 keys, whose
+    scales key_scales fp32 [slots, N] are then required), slot [T], n_valid [T]: token t may pick
     s < min(n_valid[t], n_keys). Returns [T, min(k, n_keys)] long, valid picks first.
     pdl: every launch with programmatic dependent launch (resolve_pdl; bitwise the same picks).
     q_fp8: each head's q rounded to e4m3 first (runtime.indexer_q=e4m3; with FP8 keys the FP8 dot).
@@ -238,12 +242,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
         hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
         if cfg.select == "fused":
             cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
-            _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
+            _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
         else:
-            _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, bins_from=cfg.chunk)
+            _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist,
+                           bins_from=cfg.chunk)
             _launch_split(scores, hist, n_valid, out, cfg, pdl)
         return out
-    _launch_scores(q, w, keys, slot, n_valid, k, cfg, pdl, q_fp8, scores)
+    _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores)
     args = (scores, scores.stride(0), n_valid, out, out.stride(0), n_keys, k)
     if cfg.select == "regs":
         np2 = triton.next_power_of_2(n_keys)
@@ -275,28 +280,35 @@ def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tenso
 
 
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                   n_keys: int, q_fp8: bool = False, config: TopkConfig | None = None) -> torch.Tensor:
+                   n_keys: int, q_fp8: bool = False, config: TopkConfig | None = None,
+                   key_scales: torch.Tensor | None = None) -> torch.Tensor:
     """The score kernel alone (indexer_topk's arguments): I[t, s] [T, n_keys] fp32, written for
     s < min(n_valid[t], n_keys) only (the rest is left as allocated). For tests and benchmarks."""
     T = q.shape[0]
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if T and n_keys:
         cfg = config or topk_config(T, n_keys, sm_count(q.device))
-        _launch_scores(q, w, keys, slot, n_valid, 0, cfg, False, q_fp8, scores)  # k: read by selects only
+        _launch_scores(q, w, keys, key_scales, slot, n_valid, 0, cfg, False, q_fp8, scores)  # k: selects only
     return scores
 
 
-def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                   k: int, cfg: TopkConfig, pdl: bool, q_fp8: bool, scores: torch.Tensor,
-                   hist: torch.Tensor | None = None, fused: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   bins_from: int = 0) -> None:
-    """The score kernel into scores [T, n_keys]; with hist (zeroed [T, 2^hi_bits + 1] int32) its programs count
-    the first digit's bins (of tokens with more than bins_from keys); with fused = (list, picks [T, k]) too,
-    the token's last program selects."""
+def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scales: torch.Tensor | None,
+                   slot: torch.Tensor, n_valid: torch.Tensor, k: int, cfg: TopkConfig, pdl: bool, q_fp8: bool,
+                   scores: torch.Tensor, hist: torch.Tensor | None = None,
+                   fused: tuple[torch.Tensor, torch.Tensor] | None = None, bins_from: int = 0) -> None:
+    """The score kernel into scores [T, n_keys] over keys [slots, N, Id] (FP8: uint8 codes, with key_scales
+    fp32 [slots, N]); with hist (zeroed [T, 2^hi_bits + 1] int32) its programs count the first digit's bins
+    (of tokens with more than bins_from keys); with fused = (list, picks [T, k]) too, the token's last program
+    selects."""
     T, ih, idim = q.shape
     n_keys = scores.shape[1]
     assert q.stride(2) == 1 and keys.stride(2) == 1
     fp8 = keys.dtype == torch.uint8
+    if fp8:
+        assert key_scales is not None and key_scales.dtype == torch.float32, "FP8 keys need their fp32 key_scales"
+        assert key_scales.shape == keys.shape[:2] and key_scales.stride(1) == 1, (key_scales.shape, keys.shape)
+    else:
+        key_scales = scores  # not read without FP8 keys
     cand, out = fused if fused is not None else (scores, scores)  # not read unless fused
     bins = hist is not None
     hist = hist if bins else scores  # not read without bins
@@ -305,7 +317,8 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
     block_d = max(32 if fp8 and q_fp8 else 16, triton.next_power_of_2(idim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _score_kernel[(T, triton.cdiv(n_keys, cfg.block_n * cfg.blocks))](
-        q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1), slot, n_valid,
+        q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1),
+        key_scales, key_scales.stride(0), slot, n_valid,
         scores, scores.stride(0), hist, hist.stride(0), cand, cand.stride(0), out, out.stride(0),
         n_keys, k, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,

@@ -70,7 +70,7 @@ def sm_count(device: torch.device) -> int:
 def row_align(*strides: int) -> int:
     """The largest power of two (<= 16) dividing every row stride, in elements: what a kernel may promise
     the compiler about row offsets (tl.multiple_of), so that gathered rows load as vectors (FP8 attention
-    rows of 592 bytes: 16; indexer keys of 132 bytes: 4)."""
+    rows of 592 bytes: 16; FP8 indexer key codes of 128 bytes: 16)."""
     return math.gcd(16, *strides)
 
 

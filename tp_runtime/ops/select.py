@@ -63,13 +63,16 @@ class KernelBackend(Protocol):
 
     def compress(self, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
                  blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
-                 store: str = "plain") -> None:
-        """A compressor's stage B: completed entries into out, the step's rows into the state rings."""
+                 store: str = "plain", scales: torch.Tensor | None = None) -> None:
+        """A compressor's stage B: completed entries into out (store "key": FP8 keys' e4m3 codes, their fp32
+        scales into scales [slots + 1, N]), the step's rows into the state rings."""
 
     def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
-                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
+                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False,
+                     key_scales: torch.Tensor | None = None) -> torch.Tensor:
         """The top-k indexer keys per token [T, min(k, n_keys)], -1 where none; q_fp8: scored with each head's q
-        rounded to e4m3 as a key is stored (runtime.indexer_q=e4m3)."""
+        rounded to e4m3 as a key is stored (runtime.indexer_q=e4m3); key_scales fp32 [slots, N]: the scales of
+        FP8 keys (uint8 e4m3 codes [slots, N, Id]), None with keys in a float dtype."""
 
     def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,

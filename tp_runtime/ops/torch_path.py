@@ -89,15 +89,18 @@ def write_ring(ring: torch.Tensor, step_rows: torch.Tensor, ix: "RingIndex") -> 
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
-                 n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
+                 n_keys: int, k: int, q_fp8: bool = False, key_scales: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k compressed entries per token by the indexer score; -1 marks an empty pick.
 
-    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 [slots, N, Id + 4]: FP8 keys, read
-    dequantized), slot [T] each token's cache slot; token t may pick s < n_valid[t].
+    q [T, Ih, Id] (roped), w [T, Ih], keys [slots, N, Id] (or uint8 e4m3 codes [slots, N, Id]: FP8 keys, read
+    dequantized with their scales key_scales fp32 [slots, N], then required), slot [T] each token's cache
+    slot; token t may pick s < n_valid[t].
     I[t, s] = sum_h w[t, h] * Id^-0.5 * Ih^-0.5 * relu(q[t, h] . k[s]). Ties go to the lower index
     (stable sort) so that every implementation picks the same set. q_fp8 (runtime.indexer_q=e4m3): the score
     of q with each head's vector rounded as an FP8 key is stored (round_keys: e4m3, one power-of-two scale).
     """
+    fp8 = keys.dtype == torch.uint8
+    assert not fp8 or key_scales is not None, "FP8 keys need their key_scales"
     if q_fp8:
         q = round_keys(q)
     n_tok, n_heads, dim = q.shape
@@ -108,8 +111,8 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     scale = dim ** -0.5 * n_heads ** -0.5
     ar = torch.arange(n_keys, device=q.device)
     for s, e in token_chunks(n_tok, n_keys * max(n_heads, dim)):
-        kk = keys[slot[s:e], :n_keys]  # [t, N, Id] (uint8 [t, N, Id + 4] with FP8 keys)
-        kk = dequantize_keys(kk, dim) if kk.dtype == torch.uint8 else wide(kk)
+        kk = keys[slot[s:e], :n_keys]  # [t, N, Id]
+        kk = dequantize_keys(kk, key_scales[slot[s:e], :n_keys]) if fp8 else wide(kk)
         qq = wide(q[s:e])
         logits = torch.einsum("thd,tnd->thn", qq, kk.to(qq.dtype)).relu_()
         score = torch.einsum("thn,th->tn", logits, w[s:e].to(qq.dtype)) * scale
@@ -142,10 +145,11 @@ def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, s
 
 def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
                   blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
-                  store: str = "plain") -> None:
+                  store: str = "plain", scales: torch.Tensor | None = None) -> None:
     """A compressor's stage B. kv, score [T, C] (C = c*D); ape [r, C] fp32; weight [D]; blk, ring: the
     BlockIndex of ratio r and the RingIndex of c*r rows; state rings [slots+1, c*r, C]; out [slots+1, N, D];
-    store: "plain" (entries in out's dtype), "row" or "key" (FP8 bytes of the layout into a uint8 out).
+    store: "plain" (entries in out's dtype), "row" or "key" (FP8 of the layout into a uint8 out; "key": out
+    gets the e4m3 codes [slots+1, N, D] and scales, fp32 [slots+1, N], each key's scale; else scales is None).
 
     Every token of the step is pooled as if it completed a block; the entries of tokens that
     do not (and of padding) land in the trash slot. That keeps this free of host decisions,
@@ -155,18 +159,18 @@ def compress_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weig
     for s, e in token_chunks(len(score), state.kv.shape[1] * state.kv.shape[2]):
         pooled = _pool(kv, score, state, ring.tokens(s, e), ape.shape[0], weight.shape[0])
         entries = apply_rotary(rms_norm(pooled, weight, eps), blk.cis[s:e])
-        out[blk.emit_slot[s:e], blk.block[s:e]] = _stored(entries, store, 2 * blk.cis.shape[-1], out.dtype)
+        dst = blk.emit_slot[s:e], blk.block[s:e]
+        if store == "key":
+            out[dst], scales[dst] = quantize_keys(entries)
+        else:
+            out[dst] = _stored(entries, store, 2 * blk.cis.shape[-1], out.dtype)
     write_ring(state.kv, kv, ring)  # after pooling: it read the ring's older rows
     write_ring(state.score, score, ring)
 
 
 def _stored(entries: torch.Tensor, store: str, rope_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 entries [E, D] as the cache stores them: in its dtype, or FP8 rows / keys (uint8)."""
-    if store == "row":
-        return quantize_rows(entries, rope_dim)
-    if store == "key":
-        return quantize_keys(entries)
-    return entries.to(dtype)
+    """fp32 entries [E, D] as a cache of rows stores them: in its dtype, or FP8 rows (uint8, store "row")."""
+    return quantize_rows(entries, rope_dim) if store == "row" else entries.to(dtype)
 
 
 def _pool(kv: torch.Tensor, score: torch.Tensor, state: "RingState", ix: "RingIndex", r: int,

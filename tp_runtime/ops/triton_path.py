@@ -111,12 +111,13 @@ class TritonBackend:
 
     def compress(self, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, weight: torch.Tensor, eps: float,
                  blk: "BlockIndex", ring: "RingIndex", state: "RingState", out: torch.Tensor,
-                 store: str = "plain") -> None:
-        compress_pool(kv, score, ape, weight, eps, blk, ring, state, out, store, **self._kw())
+                 store: str = "plain", scales: torch.Tensor | None = None) -> None:
+        compress_pool(kv, score, ape, weight, eps, blk, ring, state, out, store, scales, **self._kw())
 
     def indexer_topk(self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor,
-                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False) -> torch.Tensor:
-        return indexer_topk(q, w, keys, slot, n_valid, n_keys, k, q_fp8=q_fp8, **self._kw())
+                     n_valid: torch.Tensor, n_keys: int, k: int, q_fp8: bool = False,
+                     key_scales: torch.Tensor | None = None) -> torch.Tensor:
+        return indexer_topk(q, w, keys, slot, n_valid, n_keys, k, q_fp8=q_fp8, key_scales=key_scales, **self._kw())
 
     def sparse_attention(self, q: torch.Tensor, kv: torch.Tensor, window: torch.Tensor, ring: "RingIndex",
                          compressed: torch.Tensor | None, slot: torch.Tensor, picks: torch.Tensor | None,
