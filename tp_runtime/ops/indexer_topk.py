@@ -147,13 +147,19 @@ def _round_q(q, w, FP8: tl.constexpr):
 def _dot_scores(q, w, row, key_scale, d, km, ID: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr):
     """sum_h w[h] * relu(q[h] . key[n]) [BLOCK_N] for the keys at row pointers row [BLOCK_N] (km: valid), in
     q's dtype on the tensor cores; FP8 keys (row: pointers to their codes, key_scale [BLOCK_N]: fp32 pointers
-    to their scales) decoded in registers (e4m3 times the key's scale: exact)."""
+    to their scales) decoded in registers (e4m3 times the key's scale: exact).
+
+    The keys are the product's first operand (logits [BLOCK_N, BLOCK_H] = keys . q^T): on Hopper its MMA takes
+    them from registers, so decoded FP8 keys feed it without a trip through shared memory, and a key's heads
+    lie in one warp, so the weighted sum over heads needs no exchange between warps (with the keys second,
+    both cost shared memory and barriers every block: 107 against 77 us a layer at batch 128 / 32K with FP8
+    keys, 93 against 83 with bf16 keys; results/h200-2026-12-03-fp8-rows-keys)."""
     if FP8:
         k = load_keys(row, key_scale, d, km, ID).to(q.dtype)
     else:
         k = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0.0)
-    logits = tl.maximum(tl.dot(q, tl.trans(k), input_precision=PRECISION), 0.0)  # [BLOCK_H, BLOCK_N]
-    return tl.sum(logits * w[:, None], axis=0)
+    logits = tl.maximum(tl.dot(k, tl.trans(q), input_precision=PRECISION), 0.0)  # [BLOCK_N, BLOCK_H]
+    return tl.sum(logits * w[None, :], axis=1)
 
 
 @jit
