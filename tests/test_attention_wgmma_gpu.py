@@ -26,7 +26,8 @@ DEV = KERNEL_DEVICE
 pytestmark = KERNEL_MARKS + [pytest.mark.skipif(not gluon_hopper(DEV),
                                                 reason="the wgmma attention kernel needs a Hopper GPU and Gluon")]
 BF16 = torch.bfloat16
-# every shape of tile ring the kernel compiles for: 64 rows x 2 stages (attn_config's), 32 rows x 3 and 4
+# every shape of tile ring the kernel compiles for with 64 heads: 64 rows x 2 stages (attn_config's), 32 rows x 3
+# and 4; with the heads on N (up to FEW_HEADS) 64-row tiles in 2 or 3 stages (heads_n_stages)
 CONFIGS = [WGMMA, WGMMA._replace(block_n=32, num_stages=3), WGMMA._replace(block_n=32, num_stages=4)]
 
 
@@ -61,8 +62,8 @@ def test_wgmma_attention_prefill_chunks(rows, ratio):
 @pytest.mark.parametrize("n_cand", [1, 7, 64, 512])
 @pytest.mark.parametrize("pattern", list(PICK_PATTERNS))
 def test_wgmma_attention_candidate_counts_and_padding(rows, n_cand, pattern):
-    # 1, 7, 64 and 512 picks behind the 128 window rows under every -1 pattern (16 heads: padded to the 64 rows
-    # of the MMA). A -1 pick reads the token's own row and weighs 0.
+    # 1, 7, 64 and 512 picks behind the 128 window rows under every -1 pattern (16 heads: on the MMA's N). A -1
+    # pick reads the token's own row and weighs 0.
     T, args = padded_picks_case(n_cand, pattern, BF16, case=ROWS[rows])
     out, ref = run_both(T, args, 16, config=WGMMA)
     assert rel_err(out, ref) < TOL[BF16], (n_cand, pattern, rel_err(out, ref))

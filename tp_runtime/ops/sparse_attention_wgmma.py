@@ -2,12 +2,19 @@
 tokens on Hopper, gathered rows streamed through shared memory into warpgroup MMAs (the "wgmma" kernel of
 `AttnConfig`; same arguments, same semantics, torch twin `torch_path.sparse_attention_sink`).
 
-One program a token, every local head of it (up to 64, the MMA's M; fewer heads are padded with zero queries),
-bf16 (or fp16) rows of D = 512 dims. Per tile of BLOCK_N candidates:
+One program a token, every local head of it, bf16 (or fp16) rows of D = 512 dims. More than FEW_HEADS heads
+(tp 1: 64) sit on the MMA's M, padded to its 64 rows with zero queries; per tile of BLOCK_N candidates:
 
     S [64, BLOCK_N] = Q [64, D] . K^T          (Q in shared memory, K the gathered tile)
     online softmax in base 2, the sink as the initial running max (denominator 1)
     O [64, D] += P [64, BLOCK_N] . K           (P through shared memory; V is the same rows)
+
+Up to FEW_HEADS heads (a tp 2-8 shard's 32-8) sit on N instead, rounded up to 8, 16 or 32 (HEADS_N), so that a
+shard's MMAs do its heads' work, not 64 heads': one warpgroup, 64-row tiles (the tile's rows on M),
+
+    S^T [64, Hb] = K . Q^T                      O^T [D, Hb] += K^T . P^T   (K^T: the tile read transposed)
+
+and, with q and P small, a ring of 3 tiles where shared memory allows (`heads_n_stages`).
 
 Why a second kernel: Triton lays a chained dot's first product out with every warp on the heads' dimension
 (warpsPerCTA [8, 1]), so with 64 heads both warpgroups compute the whole score tile, and each dot is waited on
@@ -47,7 +54,9 @@ try:
 except ImportError:
     pass
 
-HEADS = 64  # the MMA's M: a warpgroup's rows; every program holds 64 (zero-padded) heads
+HEADS = 64  # the MMA's M: a warpgroup's rows; a program of more than FEW_HEADS heads holds 64 (zero-padded)
+FEW_HEADS = 32  # up to this many heads the products put the heads on N (rounded up to 8, 16 or 32), not M
+HEADS_N_ROWS = 64  # tile rows with the heads on N: the MMA's M (one warpgroup)
 DIMS, ROPE = 512, 64  # row dims the kernel is laid out for (DeepSeek-V4's head_dim and rotary dims)
 
 
@@ -66,11 +75,20 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
                            cis_r: torch.Tensor, out: torch.Tensor, block_n: int, stages: int, pdl: bool) -> None:
     """One launch over T tokens (no split). Arguments as ops/sparse_attention.py hands them to its Triton kernel:
     win [slots * W, D] the ring; comp [slots, N, D] (the ring where has_comp is False); picks [T, C] or [T, 1]
-    (unused); n_done [T] (unused where not has_comp); qk_scale in log2 units; cis_r [T, DR/2, 2] fp32."""
+    (unused); n_done [T] (unused where not has_comp); qk_scale in log2 units; cis_r [T, DR/2, 2] fp32.
+    block_n, stages: the tile ring of the 64-head layout; with up to FEW_HEADS heads the tiles are HEADS_N_ROWS
+    rows, `heads_n_stages` deep."""
     T, H, D = q.shape
     u8 = torch.uint8
+    fp8 = kv.dtype == u8
     # the gathers promise the compiler 16-byte aligned rows (16 elements: bf16 rows of 512 dims, FP8 rows of 592)
     assert all(s % 16 == 0 for s in (kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1))), "row strides"
+    heads_n = H <= FEW_HEADS
+    if heads_n:
+        block_h = max(8, 1 << (H - 1).bit_length())  # 8, 16 or 32
+        block_n, stages = HEADS_N_ROWS, heads_n_stages(block_h, fp8)
+    else:
+        block_h = HEADS
     _attn_kernel[(T,)](
         q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
         ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
@@ -78,7 +96,17 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
         comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r, cis_r.stride(0),
         out, out.stride(0), H, n_comp, qk_scale,
         W=window, D=D, DR=2 * cis_r.shape[1], HAS_COMP=has_comp, HAS_PICKS=has_picks, BLOCK_N=block_n,
-        STAGES=stages, FP8=kv.dtype == torch.uint8, PDL=pdl, num_warps=8, launch_pdl=pdl)
+        STAGES=stages, FP8=fp8, PDL=pdl, BLOCK_H=block_h, HEADS_N=heads_n, num_warps=4 if heads_n else 8,
+        launch_pdl=pdl)
+
+
+def heads_n_stages(block_h: int, fp8: bool) -> int:
+    """The deepest ring of HEADS_N_ROWS-row tiles beside block_h heads' q that fits Hopper's 227 KB of shared
+    memory: bf16 tiles are 64 KB (3 up to 16 heads, 2 at 32); FP8 rows stage 41 KB a tile beside one 64 KB bf16
+    tile (3 at every head count)."""
+    if fp8:
+        return 3
+    return 3 if block_h <= 16 else 2
 
 
 @gjit
@@ -183,20 +211,27 @@ def _attn_kernel(
     comp_ptr, sc_slot, sc_row, slot_ptr, picks_ptr, s_pk, n_done_ptr, sink_ptr, cis_ptr, s_cis,
     out_ptr, s_out, H, C, qk_scale,
     W: gl.constexpr, D: gl.constexpr, DR: gl.constexpr, HAS_COMP: gl.constexpr, HAS_PICKS: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr, BLOCK_H: gl.constexpr,
+    HEADS_N: gl.constexpr, num_warps: gl.constexpr,
 ):
-    BLOCK_H: gl.constexpr = 64
     dt: gl.constexpr = q_ptr.dtype.element_ty
-    # products: both warpgroups on N (half the tile's rows / half the value dims each), all 64 heads on M
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                  instr_shape=[16, BLOCK_N // 2, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    if HEADS_N:  # one warpgroup: S^T [BLOCK_N, BLOCK_H] (the tile's rows on M), O^T [D, BLOCK_H] (dims on M)
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_H, 16])
+        o_l: gl.constexpr = s_l
+        p_shape: gl.constexpr = [BLOCK_N, BLOCK_H]
+    else:  # both warpgroups on N (half the tile's rows / half the value dims each), all 64 heads on M
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                      instr_shape=[16, BLOCK_N // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                      instr_shape=[16, D // 2, 16])
+        p_shape: gl.constexpr = [BLOCK_H, BLOCK_N]
     # gathers: 16 bytes a thread a copy, a warp 4 rows x 128 bytes (conflict-free into the 128-byte swizzle)
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     row_l: gl.constexpr = gl.SliceLayout(1, cp_l)
     k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dt)
     q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D], dt)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dt)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for(p_shape, dt)
 
     t = gl.program_id(0)
     heads = gl.arange(0, BLOCK_H, layout=row_l)
@@ -214,7 +249,7 @@ def _attn_kernel(
         k_bufs = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, D], k_sl)
         st = k_bufs  # no staging
     ok_bufs = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    p_smem = gl.allocate_shared_memory(dt, [BLOCK_H, BLOCK_N], p_sl)
+    p_smem = gl.allocate_shared_memory(dt, p_shape, p_sl)
 
     total = W
     if HAS_COMP:
@@ -237,11 +272,16 @@ def _attn_kernel(
                                              ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
                                              BLOCK_N, row_l)
 
-    hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+    h_l: gl.constexpr = gl.SliceLayout(0 if HEADS_N else 1, s_l)  # a head's running max and denominator
+    hs = gl.arange(0, BLOCK_H, layout=h_l)
     m = gl.load(sink_ptr + hs, mask=hs < H, other=0.0).to(gl.float32) * 1.4426950408889634  # log2 units
-    den = gl.full([BLOCK_H], 1.0, gl.float32, gl.SliceLayout(1, s_l))
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
-    o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
+    den = gl.full([BLOCK_H], 1.0, gl.float32, h_l)
+    if HEADS_N:
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s_l)
+        o = gl.zeros([D, BLOCK_H], gl.float32, o_l)
+    else:
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_l)
+        o = gl.zeros([BLOCK_H, D], gl.float32, o_l)
     for i in range(n_tiles):
         # tile i + STAGES - 1 into the stage tile i - 1 used (every warp is done with it: `_online_softmax` ends in
         # a barrier), from index entries loaded an iteration ago; then tile i + STAGES's entries, for the next one
@@ -256,10 +296,15 @@ def _attn_kernel(
                                                  ring_row_ptr, s_rr, valid_ptr, s_va, picks_ptr, s_pk, W, HAS_PICKS,
                                                  BLOCK_N, row_l)
         k_tile = _landed(k_bufs, st, i % STAGES, STAGES, FP8, num_warps)
-        valid = ok_bufs.index(i % STAGES).load(gl.SliceLayout(0, s_l)) != 0
-        m, den, o = _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale)
+        valid = ok_bufs.index(i % STAGES).load(gl.SliceLayout(1 if HEADS_N else 0, s_l)) != 0
+        if HEADS_N:
+            m, den, o = _online_softmax_t(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale)
+        else:
+            m, den, o = _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale)
     async_copy.wait_group(0)
-    _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D, DR, PDL, o_l, num_warps)
+    if HEADS_N:
+        o = gl.permute(o, (1, 0))  # [BLOCK_H, D]: the registers as they are
+    _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D, DR, PDL, num_warps)
 
 
 @gjit
@@ -298,10 +343,33 @@ def _online_softmax(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale):
 
 
 @gjit
+def _online_softmax_t(q_smem, k_tile, p_smem, valid, m, den, o, s_zero, qk_scale):
+    # `_online_softmax` with the heads on the products' N (few heads: no padding to the MMA's 64 rows):
+    # S^T = K Q^T [BLOCK_N, BLOCK_H], P^T through shared memory, O^T [D, BLOCK_H] += K^T P^T (K^T: the tile
+    # read transposed, the MMA's A from shared memory)
+    o_l: gl.constexpr = o.type.layout
+    s = warpgroup_mma(k_tile, q_smem.permute((1, 0)), s_zero, use_acc=False)
+    s = gl.where(valid[:, None], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=0))
+    alpha = gl.exp2(m - m_new)
+    p = gl.exp2(s - m_new[None, :])
+    den = den * alpha + gl.sum(p, axis=0)
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # P^T whole before the MMA reads it
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(0, o_l))[None, :]
+    o = warpgroup_mma(k_tile.permute((1, 0)), p_smem, o)
+    gl.thread_barrier()  # done with the stage and P^T before they are written again
+    return m_new, den, o
+
+
+@gjit
 def _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D: gl.constexpr, DR: gl.constexpr, PDL: gl.constexpr,
-           o_l: gl.constexpr, num_warps: gl.constexpr):
-    # o / den in the run dtype, then the inverse rotary of its last DR dims (GPT-J pairs) on the rounded values
-    BLOCK_H: gl.constexpr = 64
+           num_warps: gl.constexpr):
+    # o [BLOCK_H, D] / den in the run dtype, then the inverse rotary of its last DR dims (GPT-J pairs) on the
+    # rounded values
+    BLOCK_H: gl.constexpr = o.shape[0]
+    o_l: gl.constexpr = o.type.layout
     dt: gl.constexpr = out_ptr.dtype.element_ty
     out_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     ob = (o / gl.convert_layout(den, gl.SliceLayout(1, o_l))[:, None]).to(dt)
