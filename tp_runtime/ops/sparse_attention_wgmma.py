@@ -9,8 +9,8 @@ One program a token, every local head of it, bf16 (or fp16) rows of D = 512 dims
     online softmax in base 2, the sink as the initial running max (denominator 1)
     O [64, D] += P [64, BLOCK_N] . K           (P through shared memory; V is the same rows)
 
-Up to FEW_HEADS heads (a tp 2-8 shard's 32-8) sit on N instead, rounded up to 8, 16 or 32 (HEADS_N), so that a
-shard's MMAs do its heads' work, not 64 heads': one warpgroup, 64-row tiles (the tile's rows on M),
+Up to FEW_HEADS heads (a tp 4 or tp 8 shard's 16 or 8) sit on N instead, rounded up to 8 or 16 (HEADS_N), so
+that a shard's MMAs do its heads' work, not 64 heads': one warpgroup, 64-row tiles (the tile's rows on M),
 
     S^T [64, Hb] = K . Q^T                      O^T [D, Hb] += K^T . P^T   (K^T: the tile read transposed)
 
@@ -55,7 +55,10 @@ except ImportError:
     pass
 
 HEADS = 64  # the MMA's M: a warpgroup's rows; a program of more than FEW_HEADS heads holds 64 (zero-padded)
-FEW_HEADS = 32  # up to this many heads the products put the heads on N (rounded up to 8, 16 or 32), not M
+# up to this many heads the products put the heads on N (rounded up to 8 or 16), not M. At 32 heads that layout
+# measured slower with FP8 rows (H200, batch 128, ratio 4: 70.7 against 53.3 us; its one warpgroup spills while
+# decoding), faster at 8 and 16 (results/h200-2026-12-03-select-runs)
+FEW_HEADS = 16
 HEADS_N_ROWS = 64  # tile rows with the heads on N: the MMA's M (one warpgroup)
 DIMS, ROPE = 512, 64  # row dims the kernel is laid out for (DeepSeek-V4's head_dim and rotary dims)
 
@@ -85,7 +88,7 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
     assert all(s % 16 == 0 for s in (kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1))), "row strides"
     heads_n = H <= FEW_HEADS
     if heads_n:
-        block_h = max(8, 1 << (H - 1).bit_length())  # 8, 16 or 32
+        block_h = max(8, 1 << (H - 1).bit_length())  # 8 or 16 (32 where FEW_HEADS allows)
         block_n, stages = HEADS_N_ROWS, heads_n_stages(block_h, fp8)
     else:
         block_h = HEADS
