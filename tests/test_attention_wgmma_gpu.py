@@ -27,7 +27,8 @@ pytestmark = KERNEL_MARKS + [pytest.mark.skipif(not gluon_hopper(DEV),
                                                 reason="the wgmma attention kernel needs a Hopper GPU and Gluon")]
 BF16 = torch.bfloat16
 # every shape of tile ring the kernel compiles for with 64 heads: 64 rows x 2 stages (attn_config's), 32 rows x 3
-# and 4; with the heads on N (up to FEW_HEADS) 64-row tiles in 2 or 3 stages (heads_n_stages)
+# and 4; with the heads on N (up to FEW_HEADS: 8 and 16 heads) 64-row tiles, heads_n_stages deep, whatever the
+# config
 CONFIGS = [WGMMA, WGMMA._replace(block_n=32, num_stages=3), WGMMA._replace(block_n=32, num_stages=4)]
 
 

@@ -115,8 +115,9 @@ class RuntimeConfig:
     fp8_activations: str = field(default="bf16", metadata=_choices("bf16", "e4m3"))
     # bf16: caches hold rows in the run dtype. fp8: as released (ops/cache_fp8.py), the window ring and the
     # compressed rows hold 448 e4m3 nope dims with a power-of-two scale per 64, the rope dims in bf16
-    # (592 bytes at Flash dims: 583 padded to 16), indexer keys 128 e4m3 values and an fp32 scale (132 bytes); every stored
-    # row is rounded so before attention reads it. CUDA only; the compressor state rings stay fp32.
+    # (592 bytes at Flash dims: 583 padded to 16), indexer keys 128 e4m3 values and an fp32 scale (132 bytes, in
+    # two tensors); every stored row is rounded so before attention reads it. CUDA only; the compressor state rings
+    # stay fp32.
     cache_format: str = field(default="bf16", metadata=_choices("bf16", "fp8"))
     # The lightning indexer's query (ratio-4 layers). bf16: scored as projected, in the run dtype. e4m3: each
     # head's query rounded to e4m3 with one power-of-two scale, as an FP8 indexer key is stored, as DeepSeek's
