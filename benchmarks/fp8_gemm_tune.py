@@ -1,7 +1,8 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
-sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the Gluon kernel from
-M = 8, the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the fastest into the table the Triton backend reads.
+sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the two Gluon kernels from
+M = 8 (one set of warps, or warp-specialized), the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the
+fastest into the table the Triton backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
                                        [--merge TABLE [--only-missing]] [--buckets 1 2 ...] [--jobs N]
@@ -44,6 +45,7 @@ from tp_runtime.config import load_config
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, Fp8GemmTable, shape_key
+from tp_runtime.ops.fp8_gemm_wgmma import WS_MAX_TILE
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, k_splits, linear_triton
 from tp_runtime.paths import write_text_atomic
@@ -100,7 +102,7 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
                     for quant in ((True,) if bucket <= 8 else (True, False)):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
     if bucket >= 8 and k % 128 == 0:
-        out += wgmma_candidates(bucket, n, k, groups, n_sm)
+        out += wgmma_candidates(bucket, n, k, groups, n_sm) + wgmma_ws_candidates(bucket, n, k, groups, n_sm)
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
     return out
@@ -124,6 +126,22 @@ def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> lis
         most = min(8, 200 * 1024 // ((bm + bn) * 128))
         for stages in sorted({min(4, most), most}):
             out += [Fp8GemmConfig("wgmma", bm, bn, s, warps, stages, False, in_flight=in_flight) for s in splits]
+    return out
+
+
+def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
+    """The warp-specialized Gluon kernel's launches at M = bucket: x rows up to 128, 64 or 128 weight rows on one
+    MMA warpgroup (two for 128 x 128), tiles of at most WS_MAX_TILE values a warpgroup; as many stages as about
+    110 KB of shared memory holds (two programs an SM) or 200 KB (one), and the Triton kernel's K splits."""
+    out = []
+    for bm, bn, warps in itertools.product(sorted({max(16, min(bucket, 64)), min(128, max(16, bucket))}),
+                                           (64, 128), (4, 8)):
+        if (n // groups) % bn or bn * bm > WS_MAX_TILE * warps // 4 or (warps == 8 and bn != 128):
+            continue
+        stage = (bm + bn) * 128 + 4 * bm
+        splits = mma_splits(bucket, n, k // 128, bm, bn, n_sm)
+        for stages in sorted({min(8, 110 * 1024 // stage), min(12, 200 * 1024 // stage)}):
+            out += [Fp8GemmConfig("wgmma_ws", bm, bn, s, warps, stages, False) for s in splits]
     return out
 
 

@@ -82,6 +82,8 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
 
 # (in_flight, block_m, block_n, warps): one MMA left in flight or none; 256 weight rows span two scale blocks
 WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8), (0, 64, 256, 8)]
+# the warp-specialized kernel's (block_m, block_n, warps, stages): one or two MMA warpgroups, rings of 4-8
+WS_TILES = [(16, 128, 4, 8), (64, 64, 4, 6), (128, 64, 4, 4), (128, 128, 8, 4)]
 
 
 @pytest.mark.parametrize("quant_x", [True, False])
@@ -101,6 +103,10 @@ def test_every_launch_kind(quant_x, splits):
             for f, bm, bn, warps in WGMMA_TILES if not quant_x else ():  # the Gluon kernel, stages fed by TMA
                 c = Fp8GemmConfig("wgmma", bm, bn, splits, warps, 4, False, in_flight=f)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+            for bm, bn, warps, stages in WS_TILES if not quant_x else ():  # warp-specialized, with and without PDL
+                c = Fp8GemmConfig("wgmma_ws", bm, bn, splits, warps, stages, False)
+                for pdl in (False, True):
+                    assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
             for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
                 c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
@@ -123,6 +129,12 @@ def test_gluon_launch_at_every_shape(n, k, groups):
             c = Fp8GemmConfig("wgmma", bm, bn, 1 if m > 128 else 3, warps, 4, False, in_flight=f)
             y = fp8_gemm(x, q, s, groups, c)
             assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
+        for bm, bn, warps, stages in WS_TILES:
+            if (n // groups) % bn:
+                continue
+            c = Fp8GemmConfig("wgmma_ws", bm, bn, 1 if m > 128 else 3, warps, stages, False)
+            y = fp8_gemm(x, q, s, groups, c, pdl=True)
+            assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not blockwise_scaled_mm_available(torch.device("cuda")),
@@ -135,21 +147,32 @@ def test_scaled_mm_launch_matches_the_twin():
         assert y.shape == (m, 8192) and _err(y, fp8_gemm_torch(x, q, s)) < TOL
 
 
-@pytest.mark.parametrize("kernel", ["triton", "wgmma"])
-def test_split_k_deterministic_and_in_a_cuda_graph(kernel):
+@pytest.mark.parametrize("kernel", ["triton", "wgmma", "wgmma_ws"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_split_k_deterministic_and_in_a_cuda_graph(kernel, pdl):
+    # Under PDL the warp-specialized kernel requests its first weight tiles before the wait for x's quantize
+    # launch: three chained GEMMs in one graph (each input the last one's output) check that x is still waited for
     q, s = _weights(1536, 4096, 4)
+    q2, s2 = _weights(4096, 1536, 5)
     x = torch.randn(4, 4096, device="cuda").to(torch.bfloat16)
     c = Fp8GemmConfig(kernel, 16, 128, 8, 4, 4, kernel == "triton")
-    y0 = fp8_gemm(x, q, s, 1, c)
-    assert all(torch.equal(y0, fp8_gemm(x, q, s, 1, c)) for _ in range(5))
+    c2 = c._replace(splits=3)
+
+    def chain():
+        return fp8_gemm(fp8_gemm(fp8_gemm(x, q, s, 1, c, pdl), q2, s2, 1, c2, pdl), q, s, 1, c, pdl)
+
+    y0 = chain()
+    assert all(torch.equal(y0, chain()) for _ in range(5))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = fp8_gemm(x, q, s, 1, c)
+        y = chain()
     graph.replay()
     assert torch.equal(y, y0)
     x.copy_(torch.randn_like(x))
     graph.replay()
-    assert torch.equal(y, fp8_gemm(x, q, s, 1, c)) and not torch.equal(y, y0)
+    assert torch.equal(y, chain()) and not torch.equal(y, y0)
+    z = fp8_gemm(fp8_gemm(x, q, s, 1, c), q2, s2, 1, c2)
+    assert _err(y, fp8_gemm_torch(z, q, s)) < TOL
 
 
 def test_backends_agree_and_torch_launches_no_triton():

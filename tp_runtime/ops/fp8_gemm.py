@@ -31,11 +31,12 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.ops.act_quant import BLOCK, quantize_x_torch, round_block
-from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, wgmma_fits
+from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, fp8_gemm_wgmma_ws, wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
                                    scaled_mm_weight_scales, store_or_sum, tile_counters)
 
+GLUON_KERNELS = ("wgmma", "wgmma_ws")  # ops/fp8_gemm_wgmma.py's two kernels: one set of warps, or warp-specialized
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
 
 
@@ -44,7 +45,7 @@ class Fp8GemmConfig(NamedTuple):
     ops/fp8_gemm_wgmma.py, x rounded by one launch first, stages fed by TMA), the GEMV ("gemv": M = 1, block_m 1,
     x rounded in its K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
 
-    kernel: str  # "triton" | "wgmma" | "gemv" | "scaled_mm"
+    kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block), wgmma's up to 256;
     #               the GEMV's 16 or 32
@@ -100,7 +101,7 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
             raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
-    if c.kernel == "wgmma" and not wgmma_fits(n, k, groups, c.block_n):  # the Triton kernel's tile: one scale block
+    if c.kernel in GLUON_KERNELS and not wgmma_fits(n, k, groups, c.block_n):  # Triton's, in one scale block
         c = c._replace(kernel="triton", block_n=min(c.block_n, BLOCK))
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
@@ -110,17 +111,23 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
-        launch = _launch_wgmma if c.kernel == "wgmma" else _launch_triton
+        launch = _launch_wgmma if c.kernel in GLUON_KERNELS else _launch_triton
         launch(x2, qw, scale, groups, c, pdl, y, part)
     return y.view(*x.shape[:-1], n)
 
 
 def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
                   pdl: bool, y: torch.Tensor, part: torch.Tensor) -> None:
-    # x rounded by one launch, then ops/fp8_gemm_wgmma.py's kernel into y (part: its split-K partials)
+    # x rounded by one launch, then one of ops/fp8_gemm_wgmma.py's kernels into y (part: its split-K partials);
+    # the warp-specialized one reads x's scales by TMA: rows padded to 4 (16 bytes)
     m, n = y.shape
-    xq, xs = quantize_x(x2, pdl)
     counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
+    if c.kernel == "wgmma_ws":
+        xq, xs = quantize_x(x2, pdl, 4)
+        fp8_gemm_wgmma_ws(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
+                          pdl, y, part, counters)
+        return
+    xq, xs = quantize_x(x2, pdl)
     fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
                    c.in_flight, y, part, counters)
 

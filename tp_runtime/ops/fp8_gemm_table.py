@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config
+from tp_runtime.ops.fp8_gemm import GLUON_KERNELS, Fp8GemmConfig, default_config
 from tp_runtime.ops.kernel_support import gluon_hopper
 from tp_runtime.ops.linear import BLOCK, blockwise_scaled_mm_available
 
@@ -64,7 +64,7 @@ class Fp8GemmTable:
                                             and blockwise_scaled_mm_available(x.device)):
             return self._fallback(key, f"cuBLASLt's block-scaled GEMM, the table's choice for N={n} K={k}, cannot "
                                        f"run here", m, n, k, groups, n_sm)
-        if c.kernel == "wgmma" and not gluon_hopper(x.device):
+        if c.kernel in GLUON_KERNELS and not gluon_hopper(x.device):
             return self._fallback(key, f"the Gluon kernel, the table's choice for N={n} K={k}, cannot run here "
                                        f"(it needs Triton's Gluon and a Hopper GPU)", m, n, k, groups, n_sm)
         return c

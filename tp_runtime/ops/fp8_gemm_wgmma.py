@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from tp_runtime.ops.kernel_support import gjit, gl
+from tp_runtime.ops.kernel_support import gjit, gl, gl_pdl_trigger, gl_pdl_wait
 
 try:
-    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
-                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_init, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:
     pass
@@ -55,6 +55,129 @@ def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor,
     _wgmma_kernel[grid](w_desc, x_desc, xs, scale, y, part, counters, m, n, k, n // groups, xs.stride(1),
                         scale.stride(0), steps, splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                         IN_FLIGHT=in_flight, num_warps=num_warps)
+
+
+WS_LOAD_REGS = gl.constexpr(40) if gl is not None else 40  # registers a thread of the loading warp keeps (it
+#                                                              holds offsets and barrier phases only)
+WS_MAXNREG = 128  # the launch's registers a thread: two programs an SM; the MMA warps then take 232 from the
+#                   loading warpgroup's share (setmaxnreg), enough for two fp32 tiles of up to 8192 values
+WS_MAX_TILE = 8192  # BLOCK_N x BLOCK_M per MMA warpgroup: its accumulator and product, 64 registers a thread each
+
+
+def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor, scale: torch.Tensor,
+                      groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int, pdl: bool,
+                      y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
+    """`fp8_gemm_wgmma`'s product by the warp-specialized kernel: one loading warp feeds the stages by TMA (the
+    weight tiles first, before the PDL wait, since no earlier kernel writes them), num_warps MMA warps consume
+    them, one MMA in flight. xs must be `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
+    n, k = qw.shape
+    xs_rows = xs.t()  # [groups*K/128, Mp]: one row of x scales per K block, contiguous (quantize_x's layout)
+    w_desc = TensorDescriptor.from_tensor(qw, [block_n, 128],
+                                          gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv))
+    x_desc = TensorDescriptor.from_tensor(xq, [block_m, 128],
+                                          gl.NVMMASharedLayout.get_default_for([block_m, 128], gl.float8e4nv))
+    s_desc = TensorDescriptor.from_tensor(xs_rows, [1, block_m],
+                                          gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    grid = (-(-m // block_m), -(-n // block_n), splits)
+    steps = -(-(k // 128) // splits)
+    _ws_kernel[grid](w_desc, x_desc, s_desc, scale, y, part, counters, m, n, k, n // groups, scale.stride(0), steps,
+                     splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PDL=pdl, num_warps=num_warps,
+                     launch_pdl=pdl, maxnreg=WS_MAXNREG)
+
+
+@gjit
+def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_sn, STEPS, SPLITS,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+               num_warps: gl.constexpr):
+    # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, lo + n_steps) of its group.
+    # Stage s holds a weight tile [BLOCK_N, 128], an x tile [BLOCK_M, 128] and x's scales [1, BLOCK_M]; ready[s]
+    # completes when its three TMA copies have landed, empty[s] when the MMA that read it has completed.
+    pid_m, pid_n, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
+    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    group = off_n // GROUP_N
+    lo = split * STEPS
+    n_steps = gl.minimum(lo + STEPS, K // 128) - lo
+    kb0 = group * (K // 128) + lo  # x's first K block (its columns and scale row) of this program
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 128], w_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
+    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BLOCK_M], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    acc = gl.warp_specialize([
+        (_ws_mma, (w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES, num_warps)),
+        (_ws_load, (w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_steps,
+                    STAGES, PDL)),
+    ], [1], [WS_LOAD_REGS])[0]
+    gl_pdl_wait(PDL)  # (the loading warp waited before its first x tile; the partials and counters follow it)
+    gl_pdl_trigger(PDL)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * gl.num_programs(0) + pid_m, off_m, off_n, M, N, split,
+                  SPLITS, BLOCK_M, BLOCK_N, num_warps)
+
+
+@gjit
+def _ws_load(w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_steps,
+             STAGES: gl.constexpr, PDL: gl.constexpr):
+    # The loading warp. Every stage is free at the start: the first STAGES weight tiles are requested before the
+    # PDL wait (weights are no earlier kernel's output), so they stream while the previous kernel finishes.
+    nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
+    first = gl.minimum(n_steps, STAGES)
+    for j in range(first):
+        mbarrier.expect(ready.index(j), nbytes)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (lo + j) * 128], ready.index(j), w_bufs.index(j))
+    gl_pdl_wait(PDL)
+    for j in range(first):
+        _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, j, j, off_m, kb0)
+    for j in range(first, n_steps):
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # the MMA of step j - STAGES has completed
+        mbarrier.expect(ready.index(slot), nbytes)
+        tma.async_copy_global_to_shared(w_desc, [off_n, (lo + j) * 128], ready.index(slot), w_bufs.index(slot))
+        _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0)
+
+
+@gjit
+def _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0):
+    # Step j's x tile and x's scales for it into stage `slot` (x rows past Mp and scales past it read as zeros)
+    tma.async_copy_global_to_shared(x_desc, [off_m, (kb0 + j) * 128], ready.index(slot), x_bufs.index(slot))
+    tma.async_copy_global_to_shared(s_desc, [kb0 + j, off_m], ready.index(slot), s_bufs.index(slot))
+
+
+@gjit
+def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES: gl.constexpr,
+            num_warps: gl.constexpr):
+    # The MMA warps (one warpgroup): step i's MMA is issued and waited for, its product scaled by x's scales (from
+    # the stage) and the weight's (loaded a step ahead) and added, and the stage handed back to the loading warp.
+    # Waiting for each MMA keeps ptxas from serializing them anyway (an MMA left in flight while an earlier
+    # product is read is warned C7514); two programs an SM overlap one's MMA with the other's scaling.
+    BLOCK_N: gl.constexpr = w_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = x_bufs.type.shape[1]
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BLOCK_M, 32])
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # [BLOCK_N]: one per weight row (a 256-row tile spans 2 blocks)
+    s_rows = s_ptr + ((off_n + gl.arange(0, BLOCK_N, layout=row_l)) // 128) * stride_sn + lo
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
+    acc = zero
+    sw_byte = gl.load(s_rows, mask=n_steps > 0, other=127)
+    for i in range(n_steps):
+        slot = i % STAGES
+        sw_next = gl.load(s_rows + i + 1, mask=i + 1 < n_steps, other=127)  # used as loaded, a step later
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        prod = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
+        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+        sx = s_bufs.index(slot).reshape([BLOCK_M]).load(gl.SliceLayout(0, acc_l))
+        acc += prod * gl.exp2(sw_byte.to(gl.float32) - 127.0)[:, None] * sx[None, :]
+        gl.thread_barrier()  # every MMA warp is past the stage's MMA and its x scales
+        fence_async_shared()  # (those reads ordered before the loader's next TMA write of the stage)
+        mbarrier.arrive(empty.index(slot), count=1)
+        sw_byte = sw_next
+    return (acc, )
 
 
 @gjit
