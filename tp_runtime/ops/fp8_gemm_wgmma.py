@@ -76,7 +76,7 @@ def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tens
                                           gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv))
     x_desc = TensorDescriptor.from_tensor(xq, [block_m, 128],
                                           gl.NVMMASharedLayout.get_default_for([block_m, 128], gl.float8e4nv))
-    s_desc = TensorDescriptor.from_tensor(xs_rows, [1, block_m],
+    s_desc = TensorDescriptor.from_tensor(xs_rows, [1, max(block_m, 32)],  # 128-byte stages: TMA's alignment
                                           gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     grid = (-(-m // block_m), -(-n // block_n), splits)
     steps = -(-(k // 128) // splits)
@@ -90,7 +90,7 @@ def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
                num_warps: gl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, lo + n_steps) of its group.
-    # Stage s holds a weight tile [BLOCK_N, 128], an x tile [BLOCK_M, 128] and x's scales [1, BLOCK_M]; ready[s]
+    # Stage s holds a weight tile [BLOCK_N, 128], an x tile [BLOCK_M, 128] and x's scales [1, >= BLOCK_M]; ready[s]
     # completes when its three TMA copies have landed, empty[s] when the MMA that read it has completed.
     pid_m, pid_n, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
@@ -100,7 +100,7 @@ def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
     kb0 = group * (K // 128) + lo  # x's first K block (its columns and scale row) of this program
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, 128], w_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], x_desc.layout)
-    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BLOCK_M], s_desc.layout)
+    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES] + s_desc.block_type.shape, s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -157,6 +157,7 @@ def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n
     # product is read is warned C7514); two programs an SM overlap one's MMA with the other's scaling.
     BLOCK_N: gl.constexpr = w_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = x_bufs.type.shape[1]
+    SX: gl.constexpr = s_bufs.type.shape[2]  # x's scales a stage holds (>= BLOCK_M; the first BLOCK_M are the tile's)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BLOCK_M, 32])
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # [BLOCK_N]: one per weight row (a 256-row tile spans 2 blocks)
@@ -171,7 +172,7 @@ def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n
         prod = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
                              is_async=True)
         prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-        sx = s_bufs.index(slot).reshape([BLOCK_M]).load(gl.SliceLayout(0, acc_l))
+        sx = s_bufs.index(slot).reshape([SX]).slice(0, BLOCK_M).load(gl.SliceLayout(0, acc_l))
         acc += prod * gl.exp2(sw_byte.to(gl.float32) - 127.0)[:, None] * sx[None, :]
         gl.thread_barrier()  # every MMA warp is past the stage's MMA and its x scales
         fence_async_shared()  # (those reads ordered before the loader's next TMA write of the stage)
