@@ -130,17 +130,19 @@ def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> lis
 
 
 def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
-    """The warp-specialized Gluon kernel's launches at M = bucket: x rows up to 128, 64 or 128 weight rows on one
-    MMA warpgroup (two for 128 x 128), tiles of at most WS_MAX_TILE values a warpgroup; as many stages as about
-    110 KB of shared memory holds (two programs an SM) or 200 KB (one), and the Triton kernel's K splits."""
+    """The warp-specialized Gluon kernel's launches at M = bucket: x rows up to 128; 64 or 128 weight rows on one
+    MMA warpgroup, or 128 or 256 on two (each half), at most WS_MAX_TILE values a warpgroup; as many stages as
+    about 110 KB of shared memory holds (two programs an SM, one warpgroup only) or 200 KB (one), and the
+    Triton kernel's K splits."""
     out = []
-    for bm, bn, warps in itertools.product(sorted({max(16, min(bucket, 64)), min(128, max(16, bucket))}),
-                                           (64, 128), (4, 8)):
-        if (n // groups) % bn or bn * bm > WS_MAX_TILE * warps // 4 or (warps == 8 and bn != 128):
+    rows = sorted({max(16, min(bucket, 64)), min(128, max(16, bucket))})
+    for bm, (bn, warps) in itertools.product(rows, ((64, 4), (128, 4), (128, 8), (256, 8))):
+        if (n // groups) % bn or bn * bm > WS_MAX_TILE * warps // 4:
             continue
-        stage = (bm + bn) * 128 + 4 * bm
+        stage = (bm + bn) * 128 + 4 * max(bm, 32)
         splits = mma_splits(bucket, n, k // 128, bm, bn, n_sm)
-        for stages in sorted({min(8, 110 * 1024 // stage), min(12, 200 * 1024 // stage)}):
+        rings = {min(12, 200 * 1024 // stage)} | ({min(8, 110 * 1024 // stage)} if warps == 4 else set())
+        for stages in sorted(rings):
             out += [Fp8GemmConfig("wgmma_ws", bm, bn, s, warps, stages, False) for s in splits]
     return out
 

@@ -82,8 +82,9 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
 
 # (in_flight, block_m, block_n, warps): one MMA left in flight or none; 256 weight rows span two scale blocks
 WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8), (0, 64, 256, 8)]
-# the warp-specialized kernel's (block_m, block_n, warps, stages): one or two MMA warpgroups, rings of 4-8
-WS_TILES = [(16, 128, 4, 8), (64, 64, 4, 6), (128, 64, 4, 4), (128, 128, 8, 4)]
+# the warp-specialized kernel's (block_m, block_n, warps, stages): one MMA warpgroup, or two each taking half the
+# weight rows (256: each its own scale block), rings of 4-8
+WS_TILES = [(16, 128, 4, 8), (64, 64, 4, 6), (128, 64, 4, 4), (128, 128, 8, 4), (32, 256, 8, 4)]
 
 
 @pytest.mark.parametrize("quant_x", [True, False])

@@ -121,7 +121,7 @@ def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, group
     # x rounded by one launch, then one of ops/fp8_gemm_wgmma.py's kernels into y (part: its split-K partials);
     # the warp-specialized one reads x's scales by TMA: rows padded to 4 (16 bytes)
     m, n = y.shape
-    counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
+    counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n) * c.num_warps // 4)
     if c.kernel == "wgmma_ws":
         xq, xs = quantize_x(x2, pdl, 4)
         fp8_gemm_wgmma_ws(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
