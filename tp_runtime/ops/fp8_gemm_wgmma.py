@@ -59,20 +59,18 @@ def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor,
 
 WS_LOAD_REGS = gl.constexpr(40) if gl is not None else 40  # registers a thread of the loading warp keeps (it
 #                                                              holds offsets and barrier phases only)
-WS_MMA_REGS = gl.constexpr(232) if gl is not None else 232  # a second MMA warpgroup's (setmaxnreg)
-WS_MAX_TILE = 8192  # weight rows x BLOCK_M per MMA warpgroup: its accumulator and product, 64 registers a thread each
+WS_MAXNREG = 128  # the launch's registers a thread: two programs an SM; the MMA warps then take 232 from the
+#                   loading warpgroup's share (setmaxnreg), enough for two fp32 tiles of up to 8192 values
+WS_MAX_TILE = 8192  # BLOCK_N x BLOCK_M per MMA warpgroup: its accumulator and product, 64 registers a thread each
 
 
 def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor, scale: torch.Tensor,
                       groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int, pdl: bool,
                       y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
     """`fp8_gemm_wgmma`'s product by the warp-specialized kernel: one loading warp feeds the stages by TMA (the
-    weight tiles first, before the PDL wait, since no earlier kernel writes them) and num_warps // 4 MMA
-    warpgroups consume them, each its block_n / (num_warps // 4) weight rows of the tile at its own pace (its
-    own stage hand-back and store: counters holds two per tile with two). xs must be `quantize_x`'s scales with M
-    padded to 4 rows (16-byte TMA rows). Two programs an SM with one MMA warpgroup, one with two."""
+    weight tiles first, before the PDL wait, since no earlier kernel writes them), num_warps MMA warps consume
+    them, one MMA in flight. xs must be `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
     n, k = qw.shape
-    consumers = num_warps // 4
     xs_rows = xs.t()  # [groups*K/128, Mp]: one row of x scales per K block, contiguous (quantize_x's layout)
     w_desc = TensorDescriptor.from_tensor(qw, [block_n, 128],
                                           gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv))
@@ -83,17 +81,17 @@ def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tens
     grid = (-(-m // block_m), -(-n // block_n), splits)
     steps = -(-(k // 128) // splits)
     _ws_kernel[grid](w_desc, x_desc, s_desc, scale, y, part, counters, m, n, k, n // groups, scale.stride(0), steps,
-                     splits, BLOCK_M=block_m, BLOCK_N=block_n, CONSUMERS=consumers, STAGES=stages, PDL=pdl,
-                     num_warps=4, launch_pdl=pdl, maxnreg=128 if consumers == 1 else 168)
+                     splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PDL=pdl, num_warps=num_warps,
+                     launch_pdl=pdl, maxnreg=WS_MAXNREG)
 
 
 @gjit
 def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_sn, STEPS, SPLITS,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-               PDL: gl.constexpr, num_warps: gl.constexpr):
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+               num_warps: gl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, lo + n_steps) of its group.
     # Stage s holds a weight tile [BLOCK_N, 128], an x tile [BLOCK_M, 128] and x's scales [1, >= BLOCK_M]; ready[s]
-    # completes when its three TMA copies have landed, empty[s] when every MMA warpgroup is done with it.
+    # completes when its three TMA copies have landed, empty[s] when the MMA that read it has completed.
     pid_m, pid_n, split = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
     group = off_n // GROUP_N
@@ -107,29 +105,26 @@ def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=CONSUMERS)
-    ring = (w_bufs, x_bufs, s_bufs, ready, empty)
-    out = (y_ptr, part_ptr, cnt_ptr + (pid_n * gl.num_programs(0) + pid_m) * CONSUMERS, off_m, M, N, split, SPLITS)
-    load = (w_desc, x_desc, s_desc, ring, off_n, off_m, lo, kb0, n_steps, PDL)
-    BN: gl.constexpr = BLOCK_N // CONSUMERS  # weight rows an MMA warpgroup takes
-    if CONSUMERS == 1:
-        gl.warp_specialize([(_ws_mma, (ring, s_ptr, stride_sn, off_n, 0, BN, lo, n_steps, out, PDL)),
-                            (_ws_load, load)], [1], [WS_LOAD_REGS])
-    else:
-        gl.warp_specialize([(_ws_mma, (ring, s_ptr, stride_sn, off_n, 0, BN, lo, n_steps, out, PDL)),
-                            (_ws_mma, (ring, s_ptr, stride_sn, off_n, 1, BN, lo, n_steps, out, PDL)),
-                            (_ws_load, load)], [4, 1], [WS_MMA_REGS, WS_LOAD_REGS])
+        mbarrier.init(empty.index(i), count=1)
+    acc = gl.warp_specialize([
+        (_ws_mma, (w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES, num_warps)),
+        (_ws_load, (w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_steps,
+                    STAGES, PDL)),
+    ], [1], [WS_LOAD_REGS])[0]
+    gl_pdl_wait(PDL)  # (the loading warp waited before its first x tile; the partials and counters follow it)
+    gl_pdl_trigger(PDL)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
+    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + pid_n * gl.num_programs(0) + pid_m, off_m, off_n, M, N, split,
+                  SPLITS, BLOCK_M, BLOCK_N, num_warps)
 
 
 @gjit
-def _ws_load(w_desc, x_desc, s_desc, ring, off_n, off_m, lo, kb0, n_steps, PDL: gl.constexpr):
+def _ws_load(w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_steps,
+             STAGES: gl.constexpr, PDL: gl.constexpr):
     # The loading warp. Every stage is free at the start: the first STAGES weight tiles are requested before the
     # PDL wait (weights are no earlier kernel's output), so they stream while the previous kernel finishes.
-    w_bufs, x_bufs, s_bufs, ready, empty = ring
-    STAGES: gl.constexpr = w_bufs.type.shape[0]
     nbytes: gl.constexpr = w_desc.block_type.nbytes + x_desc.block_type.nbytes + s_desc.block_type.nbytes
     first = gl.minimum(n_steps, STAGES)
     for j in range(first):
@@ -140,11 +135,10 @@ def _ws_load(w_desc, x_desc, s_desc, ring, off_n, off_m, lo, kb0, n_steps, PDL: 
         _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, j, j, off_m, kb0)
     for j in range(first, n_steps):
         slot = j % STAGES
-        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # the MMAs of step j - STAGES have completed
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # the MMA of step j - STAGES has completed
         mbarrier.expect(ready.index(slot), nbytes)
         tma.async_copy_global_to_shared(w_desc, [off_n, (lo + j) * 128], ready.index(slot), w_bufs.index(slot))
         _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0)
-    gl_pdl_trigger(PDL)
 
 
 @gjit
@@ -155,42 +149,36 @@ def _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0):
 
 
 @gjit
-def _ws_mma(ring, s_ptr, stride_sn, off_n, PART: gl.constexpr, BN: gl.constexpr, lo, n_steps, out,
-            PDL: gl.constexpr):
-    # MMA warpgroup PART, weight rows [PART * BN, (PART + 1) * BN) of the tile: step i's MMA is issued and waited
-    # for, its product scaled by x's scales (from the stage) and the weight's (loaded a step ahead) and added, and
-    # the stage handed back. Waiting for each MMA keeps ptxas from serializing them anyway (an MMA left in flight
-    # while an earlier product is read is warned C7514); other warpgroups (this program's, another program's)
-    # overlap one's MMA with another's scaling. Then its rows of y (or their partial) are stored.
-    w_bufs, x_bufs, s_bufs, ready, empty = ring
-    y_ptr, part_ptr, cnt_ptr, off_m, M, N, split, SPLITS = out
-    STAGES: gl.constexpr = w_bufs.type.shape[0]
+def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES: gl.constexpr,
+            num_warps: gl.constexpr):
+    # The MMA warps (one warpgroup): step i's MMA is issued and waited for, its product scaled by x's scales (from
+    # the stage) and the weight's (loaded a step ahead) and added, and the stage handed back to the loading warp.
+    # Waiting for each MMA keeps ptxas from serializing them anyway (an MMA left in flight while an earlier
+    # product is read is warned C7514); two programs an SM overlap one's MMA with the other's scaling.
+    BLOCK_N: gl.constexpr = w_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = x_bufs.type.shape[1]
     SX: gl.constexpr = s_bufs.type.shape[2]  # x's scales a stage holds (>= BLOCK_M; the first BLOCK_M are the tile's)
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                     instr_shape=[16, BLOCK_M, 32])
-    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # [BN]: one per weight row (a 256-row tile spans 2 blocks)
-    off_n += PART * BN
-    s_rows = s_ptr + ((off_n + gl.arange(0, BN, layout=row_l)) // 128) * stride_sn + lo
-    gl_pdl_wait(PDL)  # (x comes after the loading warp's wait; the partials and counters after this one)
-    zero = gl.zeros([BN, BLOCK_M], gl.float32, acc_l)
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # [BLOCK_N]: one per weight row (a 256-row tile spans 2 blocks)
+    s_rows = s_ptr + ((off_n + gl.arange(0, BLOCK_N, layout=row_l)) // 128) * stride_sn + lo
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
     acc = zero
     sw_byte = gl.load(s_rows, mask=n_steps > 0, other=127)
     for i in range(n_steps):
         slot = i % STAGES
         sw_next = gl.load(s_rows + i + 1, mask=i + 1 < n_steps, other=127)  # used as loaded, a step later
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        prod = warpgroup_mma(w_bufs.index(slot).slice(PART * BN, BN), x_bufs.index(slot).permute((1, 0)), zero,
-                             use_acc=False, is_async=True)
+        prod = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
         prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
         sx = s_bufs.index(slot).reshape([SX]).slice(0, BLOCK_M).load(gl.SliceLayout(0, acc_l))
         acc += prod * gl.exp2(sw_byte.to(gl.float32) - 127.0)[:, None] * sx[None, :]
-        gl.thread_barrier()  # every warp of the warpgroup is past the stage's MMA and its x scales
+        gl.thread_barrier()  # every MMA warp is past the stage's MMA and its x scales
         fence_async_shared()  # (those reads ordered before the loader's next TMA write of the stage)
         mbarrier.arrive(empty.index(slot), count=1)
         sw_byte = sw_next
-    gl_pdl_trigger(PDL)
-    _store_or_sum(acc, y_ptr, part_ptr, cnt_ptr + PART, off_m, off_n, M, N, split, SPLITS, BLOCK_M, BN, 4)
+    return (acc, )
 
 
 @gjit
