@@ -41,9 +41,10 @@ SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their le
 
 
 class Fp8GemmConfig(NamedTuple):
-    """One launch of the family: the MMA kernel ("triton"), its Gluon twin with the MMAs kept in flight ("wgmma":
-    ops/fp8_gemm_wgmma.py, x rounded by one launch first, stages fed by TMA), the GEMV ("gemv": M = 1, block_m 1,
-    x rounded in its K loop), or cuBLASLt ("scaled_mm": the other fields unused)."""
+    """One launch of the family: the MMA kernel ("triton"), its Gluon twins in ops/fp8_gemm_wgmma.py (x rounded by
+    one launch first, stages fed by TMA): one set of warps ("wgmma") or a loading warp and MMA warps
+    ("wgmma_ws"); the GEMV ("gemv": M = 1, block_m 1, x rounded in its K loop), or cuBLASLt ("scaled_mm": the
+    other fields unused)."""
 
     kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
@@ -121,7 +122,7 @@ def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, group
     # x rounded by one launch, then one of ops/fp8_gemm_wgmma.py's kernels into y (part: its split-K partials);
     # the warp-specialized one reads x's scales by TMA: rows padded to 4 (16 bytes)
     m, n = y.shape
-    counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n) * c.num_warps // 4)
+    counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
     if c.kernel == "wgmma_ws":
         xq, xs = quantize_x(x2, pdl, 4)
         fp8_gemm_wgmma_ws(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,

@@ -1,21 +1,24 @@
-"""Gluon (Triton's dialect with explicit layouts): the FP8 block-scaled GEMM on Hopper fed by TMA, its MMAs kept in
-flight: the "wgmma" launch of the family in ops/fp8_gemm.py (same shapes, same semantics, torch twin `fp8_gemm_torch`).
+"""Gluon (Triton's dialect with explicit layouts): the FP8 block-scaled GEMM on Hopper fed by TMA, two kernels: the
+"wgmma" and "wgmma_ws" launches of the family in ops/fp8_gemm.py (same shapes, same semantics, torch twin
+`fp8_gemm_torch`).
 
     xq     [Mp, groups*K] e4m3, x rounded per 1 x 128 block (`quantize_x`), xs its fp32 scales [Mp, groups*K/128]
     qw     [groups*N, K] e4m3, K a multiple of 128; scale [ceil(groups*N/128), K/128] e8m0 bytes
     y      [M, groups*N]
 
-Why a second kernel: each K block's product must be scaled before it is added (s_x[m, b] * s_w[n/128, b]), and
-Triton's `tl.dot` then waits for every MMA as soon as it is issued, so a program's MMA, its scaling and its loads
-take turns. Here a program issues block b + 1's MMA (into a fresh accumulator, operands in shared memory), then
-waits for block b's alone (`warpgroup_mma_wait(num_outstanding=1)`) and scales and adds it while b + 1 runs
-(IN_FLIGHT; three fp32 tiles live, so large tiles wait for each MMA instead and rely on the two warpgroups and
-the TMA stages to overlap). A tile of 256 weight rows spans two 128-row scale blocks: scales are per row.
-The weight and x tiles come by TMA, STAGES blocks ahead, each stage's arrival signalled by an mbarrier; a stage
-is refilled once the MMA that read it is known complete. The weight tile is the MMA's wide side ("swap AB":
-BLOCK_N weight rows by BLOCK_M rows of x), K is split over programs as in the Triton kernel (partials summed
-by the last program of a tile, in split order). Only K a multiple of 128 (every DeepSeek-V4 weight); the host
-falls back to the Triton kernel otherwise.
+Why Gluon: each K block's product must be scaled before it is added (s_x[m, b] * s_w[n/128, b]), and Triton's
+`tl.dot` then waits for every MMA as soon as it is issued, so a program's MMA, its scaling and its loads take
+turns. "wgmma" (one set of warps) issues block b + 1's MMA (into a fresh accumulator, operands in shared memory),
+then waits for block b's alone (`warpgroup_mma_wait(num_outstanding=1)`) and scales and adds it (IN_FLIGHT; large
+tiles wait for each MMA instead). ptxas serializes those MMAs all the same (warning C7514: an in-flight MMA's
+accumulator registers are read before the MMA completes), so in practice its overlap comes from the warpgroups
+and the TMA stages. "wgmma_ws" is warp-specialized: a loading warp keeps the ring of stages full, independent of
+the MMA warps, and under PDL requests the first weight tiles before it waits for the previous kernel; the MMA
+warps wait for each MMA, scale it and hand the stage back by an mbarrier.
+A tile of 256 weight rows spans two 128-row scale blocks: scales are per row. The weight tile is the MMA's wide
+side ("swap AB": BLOCK_N weight rows by BLOCK_M rows of x), K is split over programs as in the Triton kernel
+(partials summed by the last program of a tile, in split order). Only K a multiple of 128 (every DeepSeek-V4
+weight); the host falls back to the Triton kernel otherwise.
 
 On installs without Triton (or without Gluon) this module still imports; its kernel cannot run.
 """
@@ -151,10 +154,11 @@ def _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0):
 @gjit
 def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES: gl.constexpr,
             num_warps: gl.constexpr):
-    # The MMA warps (one warpgroup): step i's MMA is issued and waited for, its product scaled by x's scales (from
-    # the stage) and the weight's (loaded a step ahead) and added, and the stage handed back to the loading warp.
-    # Waiting for each MMA keeps ptxas from serializing them anyway (an MMA left in flight while an earlier
-    # product is read is warned C7514); two programs an SM overlap one's MMA with the other's scaling.
+    # The MMA warps (one warpgroup, or two in step, each 64 of every 128 weight rows): step i's MMA is issued and
+    # waited for, its product scaled by x's scales (from the stage) and the weight's (loaded a step ahead) and
+    # added, and the stage handed back to the loading warp. ptxas would serialize an MMA left in flight while an
+    # earlier product is read anyway (warning C7514); two programs an SM overlap one's MMA with the other's
+    # scaling.
     BLOCK_N: gl.constexpr = w_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = x_bufs.type.shape[1]
     SX: gl.constexpr = s_bufs.type.shape[2]  # x's scales a stage holds (>= BLOCK_M; the first BLOCK_M are the tile's)
