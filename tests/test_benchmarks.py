@@ -95,6 +95,31 @@ def test_fp8_gemm_tune_repicks_a_table_from_recorded_timings(tmp_path):
     assert changed == 1 and entries["256,512,1"] == {"8": one._asdict(), "16": two._asdict()}
 
 
+def test_fp8_gemm_tune_warp_specialized_candidates_fit_one_sm():
+    # Every wgmma_ws launch the tuner tries at Flash's and Pro's shards: a warpgroup's accumulator and product in
+    # its registers (WS_MAX_TILE values), a tile's rows inside one group, the ring in 200 KB of shared memory
+    # (~17 KB more goes to the store's layout change; 227 KB is an SM's), x rounded by one launch first.
+    from benchmarks.fp8_gemm_tune import extra_launches, wgmma_ws_candidates
+    from tp_runtime.config import load_config
+    from tp_runtime.ops.fp8_gemm_wgmma import WS_MAX_TILE, wgmma_fits
+    from tp_runtime.weights.specs import fp8_gemm_shapes
+
+    root = Path(__file__).resolve().parents[1]
+    seen = 0
+    for name in ("v4_flash", "v4_pro"):
+        for tp in (1, 2, 4, 8):
+            for n, k, groups in fp8_gemm_shapes(load_config(root / "configs" / f"{name}.yaml").model, tp).values():
+                for bucket in (8, 16, 32, 64, 128, 256, 512):
+                    for c in wgmma_ws_candidates(bucket, n, k, groups, 132):
+                        stage = (c.block_m + c.block_n) * 128 + 4 * max(c.block_m, 32)
+                        assert c.block_n * c.block_m <= WS_MAX_TILE * c.num_warps // 4, c
+                        assert wgmma_fits(n, k, groups, c.block_n) and c.num_stages >= 2, c
+                        assert c.num_stages * stage <= 200 * 1024 and c.block_m <= max(16, bucket), c
+                        assert extra_launches(c) == 1
+                        seen += 1
+    assert seen > 1000
+
+
 def test_fp8_gemm_profile_refuses_a_malformed_launch(capsys):
     from benchmarks.fp8_gemm_profile import parse_args
 
