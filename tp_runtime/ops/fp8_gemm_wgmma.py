@@ -62,7 +62,7 @@ def fp8_gemm_wgmma(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor,
 
 WS_LOAD_REGS = gl.constexpr(40) if gl is not None else 40  # registers a thread of the loading warp keeps (it
 #                                                              holds offsets and barrier phases only)
-WS_MAXNREG = 128  # the launch's registers a thread: two programs an SM; the MMA warps then take 232 from the
+WS_MAXNREG = 128  # the launch's registers a thread: two programs an SM (4 MMA warps); they take 232 from the
 #                   loading warpgroup's share (setmaxnreg), enough for two fp32 tiles of up to 8192 values
 WS_MAX_TILE = 8192  # BLOCK_N x BLOCK_M per MMA warpgroup: its accumulator and product, 64 registers a thread each
 
@@ -72,7 +72,7 @@ def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tens
                       y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
     """`fp8_gemm_wgmma`'s product by the warp-specialized kernel: one loading warp feeds the stages by TMA (the
     weight tiles first, before the PDL wait, since no earlier kernel writes them), num_warps MMA warps consume
-    them, one MMA in flight. xs must be `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
+    them, waiting for each MMA. xs must be `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
     n, k = qw.shape
     xs_rows = xs.t()  # [groups*K/128, Mp]: one row of x scales per K block, contiguous (quantize_x's layout)
     w_desc = TensorDescriptor.from_tensor(qw, [block_n, 128],
