@@ -129,6 +129,12 @@ def wgmma_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> lis
     return out
 
 
+def ws_stage_bytes(block_m: int, block_n: int) -> int:
+    """Shared memory one stage of the warp-specialized kernel's ring takes: the weight and x tiles (128 e4m3
+    columns each) and x's scales, 128 bytes at least (ops/fp8_gemm_wgmma.py stages max(block_m, 32) of them)."""
+    return (block_m + block_n) * 128 + 4 * max(block_m, 32)
+
+
 def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
     """The warp-specialized Gluon kernel's launches at M = bucket: x rows up to 128; 64 or 128 weight rows on one
     MMA warpgroup, or 128 or 256 on two (each half), at most WS_MAX_TILE values a warpgroup; as many stages as
@@ -139,7 +145,7 @@ def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> 
     for bm, (bn, warps) in itertools.product(rows, ((64, 4), (128, 4), (128, 8), (256, 8))):
         if (n // groups) % bn or bn * bm > WS_MAX_TILE * warps // 4:
             continue
-        stage = (bm + bn) * 128 + 4 * max(bm, 32)
+        stage = ws_stage_bytes(bm, bn)
         splits = mma_splits(bucket, n, k // 128, bm, bn, n_sm)
         rings = {min(12, 200 * 1024 // stage)} | ({min(8, 110 * 1024 // stage)} if warps == 4 else set())
         for stages in sorted(rings):
