@@ -139,7 +139,7 @@ def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> 
     """The warp-specialized Gluon kernel's launches at M = bucket: x rows up to 128; 64 or 128 weight rows on one
     MMA warpgroup, or 128 or 256 on two (each half), at most WS_MAX_TILE values a warpgroup; as many stages as
     about 110 KB of shared memory holds (two programs an SM, one warpgroup only) or 200 KB (one), and the
-    Triton kernel's K splits."""
+    Triton kernel's K splits; 1, 2 or 4 K steps a wait (`ws_k_per_wait`)."""
     out = []
     rows = sorted({max(16, min(bucket, 64)), min(128, max(16, bucket))})
     for bm, (bn, warps) in itertools.product(rows, ((64, 4), (128, 4), (128, 8), (256, 8))):
@@ -149,8 +149,17 @@ def wgmma_ws_candidates(bucket: int, n: int, k: int, groups: int, n_sm: int) -> 
         splits = mma_splits(bucket, n, k // 128, bm, bn, n_sm)
         rings = {min(12, 200 * 1024 // stage)} | ({min(8, 110 * 1024 // stage)} if warps == 4 else set())
         for stages in sorted(rings):
-            out += [Fp8GemmConfig("wgmma_ws", bm, bn, s, warps, stages, False) for s in splits]
+            for kpw in ws_k_per_wait(bm, bn, warps, stages):
+                out += [Fp8GemmConfig("wgmma_ws", bm, bn, s, warps, stages, False, k_per_wait=kpw) for s in splits]
     return out
+
+
+def ws_k_per_wait(block_m: int, block_n: int, num_warps: int, stages: int) -> list[int]:
+    """K steps a wait the warp-specialized kernel is tried with: 1, 2 and 4 where a warpgroup's accumulator and
+    that many products fit three fp32 tiles of WS_MAX_TILE values (its registers) and the ring holds two
+    waits' worth of stages."""
+    tile = block_n * block_m * 4 // num_warps  # values a warpgroup holds per fp32 tile
+    return [k for k in (1, 2, 4) if (k + 1) * tile <= 3 * WS_MAX_TILE and stages >= 2 * k]
 
 
 DEV = torch.device("cuda")

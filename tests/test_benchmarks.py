@@ -96,8 +96,9 @@ def test_fp8_gemm_tune_repicks_a_table_from_recorded_timings(tmp_path):
 
 
 def test_fp8_gemm_tune_warp_specialized_candidates_fit_one_sm():
-    # Every wgmma_ws launch the tuner tries at Flash's and Pro's shards: a warpgroup's accumulator and product in
-    # its registers (WS_MAX_TILE values), a tile's rows inside one group, the ring in 200 KB of shared memory
+    # Every wgmma_ws launch the tuner tries at Flash's and Pro's shards: a warpgroup's accumulator and products in
+    # its registers (WS_MAX_TILE values a tile, three at most), two waits' worth of stages, a tile's rows inside
+    # one group, the ring in 200 KB of shared memory
     # (~17 KB more goes to the store's layout change; 227 KB is an SM's), x rounded by one launch first.
     from benchmarks.fp8_gemm_tune import extra_launches, wgmma_ws_candidates, ws_stage_bytes
     from tp_runtime.config import load_config
@@ -112,7 +113,9 @@ def test_fp8_gemm_tune_warp_specialized_candidates_fit_one_sm():
                 for bucket in (8, 16, 32, 64, 128, 256, 512):
                     for c in wgmma_ws_candidates(bucket, n, k, groups, 132):
                         stage = ws_stage_bytes(c.block_m, c.block_n)
-                        assert c.block_n * c.block_m <= WS_MAX_TILE * c.num_warps // 4, c
+                        tile = c.block_n * c.block_m * 4 // c.num_warps  # a warpgroup's fp32 tile
+                        assert tile <= WS_MAX_TILE and (c.k_per_wait + 1) * tile <= 3 * WS_MAX_TILE, c
+                        assert c.num_stages >= 2 * c.k_per_wait, c
                         assert wgmma_fits(n, k, groups, c.block_n) and c.num_stages >= 2, c
                         assert c.num_stages * stage <= 200 * 1024 and c.block_m <= max(16, bucket), c
                         assert extra_launches(c) == 1

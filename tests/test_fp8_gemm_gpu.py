@@ -82,9 +82,10 @@ def test_table_and_default_launches_match_the_twin(n, k, groups):
 
 # (in_flight, block_m, block_n, warps): one MMA left in flight or none; 256 weight rows span two scale blocks
 WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8), (0, 64, 256, 8)]
-# the warp-specialized kernel's (block_m, block_n, warps, stages): one MMA warpgroup, or two each taking half the
-# weight rows (256: each its own scale block), rings of 4-8
-WS_TILES = [(16, 128, 4, 8), (64, 64, 4, 6), (128, 64, 4, 4), (128, 128, 8, 4), (32, 256, 8, 4)]
+# the warp-specialized kernel's (block_m, block_n, warps, stages, K steps a wait): one MMA warpgroup, or two each
+# taking half the weight rows (256: each its own scale block), rings of 4-8, 1 / 2 / 4 steps a wait (K splits of
+# 3 leave a last wait with steps past the split's end)
+WS_TILES = [(16, 128, 4, 8, 4), (64, 64, 4, 6, 2), (128, 64, 4, 4, 1), (128, 128, 8, 4, 1), (32, 256, 8, 4, 2)]
 
 
 @pytest.mark.parametrize("quant_x", [True, False])
@@ -104,8 +105,8 @@ def test_every_launch_kind(quant_x, splits):
             for f, bm, bn, warps in WGMMA_TILES if not quant_x else ():  # the Gluon kernel, stages fed by TMA
                 c = Fp8GemmConfig("wgmma", bm, bn, splits, warps, 4, False, in_flight=f)
                 assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
-            for bm, bn, warps, stages in WS_TILES if not quant_x else ():  # warp-specialized, with and without PDL
-                c = Fp8GemmConfig("wgmma_ws", bm, bn, splits, warps, stages, False)
+            for bm, bn, warps, stages, kpw in WS_TILES if not quant_x else ():  # warp-specialized, PDL or not
+                c = Fp8GemmConfig("wgmma_ws", bm, bn, splits, warps, stages, False, k_per_wait=kpw)
                 for pdl in (False, True):
                     assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
             for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
@@ -130,10 +131,10 @@ def test_gluon_launch_at_every_shape(n, k, groups):
             c = Fp8GemmConfig("wgmma", bm, bn, 1 if m > 128 else 3, warps, 4, False, in_flight=f)
             y = fp8_gemm(x, q, s, groups, c)
             assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
-        for bm, bn, warps, stages in WS_TILES:
+        for bm, bn, warps, stages, kpw in WS_TILES:
             if (n // groups) % bn:
                 continue
-            c = Fp8GemmConfig("wgmma_ws", bm, bn, 1 if m > 128 else 3, warps, stages, False)
+            c = Fp8GemmConfig("wgmma_ws", bm, bn, 1 if m > 128 else 3, warps, stages, False, k_per_wait=kpw)
             y = fp8_gemm(x, q, s, groups, c, pdl=True)
             assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
 

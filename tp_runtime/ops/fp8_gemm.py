@@ -56,6 +56,7 @@ class Fp8GemmConfig(NamedTuple):
     quant_x: bool  # round x in the K loop's prologue (else one quantize_x launch first)
     block_k: int = BLOCK  # columns a K step covers: 128 (one scale block) but in the GEMV (a multiple of 128)
     in_flight: int = 1  # wgmma: MMAs left running while the previous product is scaled (1, or 0: large tiles)
+    k_per_wait: int = 1  # wgmma_ws: K steps whose MMAs are issued before one wait (1, 2 or 4)
 
 
 def fp8_gemm_torch(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
@@ -126,7 +127,7 @@ def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, group
     if c.kernel == "wgmma_ws":
         xq, xs = quantize_x(x2, pdl, 4)
         fp8_gemm_wgmma_ws(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
-                          pdl, y, part, counters)
+                          c.k_per_wait, pdl, y, part, counters)
         return
     xq, xs = quantize_x(x2, pdl)
     fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,

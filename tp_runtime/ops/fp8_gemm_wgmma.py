@@ -68,11 +68,14 @@ WS_MAX_TILE = 8192  # BLOCK_N x BLOCK_M per MMA warpgroup: its accumulator and p
 
 
 def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tensor, scale: torch.Tensor,
-                      groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int, pdl: bool,
-                      y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
+                      groups: int, block_m: int, block_n: int, splits: int, num_warps: int, stages: int,
+                      k_per_wait: int, pdl: bool, y: torch.Tensor, part: torch.Tensor, counters: torch.Tensor) -> None:
     """`fp8_gemm_wgmma`'s product by the warp-specialized kernel: one loading warp feeds the stages by TMA (the
     weight tiles first, before the PDL wait, since no earlier kernel writes them), num_warps MMA warps consume
-    them, waiting for each MMA. xs must be `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
+    them, k_per_wait steps' MMAs issued before one wait (a ring of at least twice that many stages). xs must be
+    `quantize_x`'s scales with M padded to 4 rows (16-byte TMA rows)."""
+    if stages < 2 * k_per_wait:
+        raise ValueError(f"fp8_gemm_wgmma_ws: {stages} stages for {k_per_wait} steps a wait (at least twice as many)")
     n, k = qw.shape
     xs_rows = xs.t()  # [groups*K/128, Mp]: one row of x scales per K block, contiguous (quantize_x's layout)
     w_desc = TensorDescriptor.from_tensor(qw, [block_n, 128],
@@ -84,14 +87,14 @@ def fp8_gemm_wgmma_ws(xq: torch.Tensor, xs: torch.Tensor, m: int, qw: torch.Tens
     grid = (-(-m // block_m), -(-n // block_n), splits)
     steps = -(-(k // 128) // splits)
     _ws_kernel[grid](w_desc, x_desc, s_desc, scale, y, part, counters, m, n, k, n // groups, scale.stride(0), steps,
-                     splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, PDL=pdl, num_warps=num_warps,
-                     launch_pdl=pdl, maxnreg=WS_MAXNREG)
+                     splits, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, KPW=k_per_wait, PDL=pdl,
+                     num_warps=num_warps, launch_pdl=pdl, maxnreg=WS_MAXNREG)
 
 
 @gjit
 def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_sn, STEPS, SPLITS,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
-               num_warps: gl.constexpr):
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KPW: gl.constexpr,
+               PDL: gl.constexpr, num_warps: gl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [lo, lo + n_steps) of its group.
     # Stage s holds a weight tile [BLOCK_N, 128], an x tile [BLOCK_M, 128] and x's scales [1, >= BLOCK_M]; ready[s]
     # completes when its three TMA copies have landed, empty[s] when the MMA that read it has completed.
@@ -109,9 +112,11 @@ def _ws_kernel(w_desc, x_desc, s_desc, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    n_fill = (n_steps + KPW - 1) // KPW * KPW  # stages the loader fills: whole waits' worth (the last scaled by 0)
     acc = gl.warp_specialize([
-        (_ws_mma, (w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES, num_warps)),
-        (_ws_load, (w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_steps,
+        (_ws_mma, (w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES, KPW,
+                   num_warps)),
+        (_ws_load, (w_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, off_n, off_m, lo, kb0, n_fill,
                     STAGES, PDL)),
     ], [1], [WS_LOAD_REGS])[0]
     gl_pdl_wait(PDL)  # (the loading warp waited before its first x tile; the partials and counters follow it)
@@ -153,12 +158,14 @@ def _load_x(x_desc, s_desc, x_bufs, s_bufs, ready, slot, j, off_m, kb0):
 
 @gjit
 def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n_steps, STAGES: gl.constexpr,
-            num_warps: gl.constexpr):
-    # The MMA warps (one warpgroup, or two in step, each 64 of every 128 weight rows): step i's MMA is issued and
-    # waited for, its product scaled by x's scales (from the stage) and the weight's (loaded a step ahead) and
-    # added, and the stage handed back to the loading warp. ptxas would serialize an MMA left in flight while an
-    # earlier product is read anyway (warning C7514); two programs an SM overlap one's MMA with the other's
-    # scaling.
+            KPW: gl.constexpr, num_warps: gl.constexpr):
+    # The MMA warps (one warpgroup, or two in step, each 64 of every 128 weight rows), KPW steps at a time: the
+    # steps' MMAs are issued side by side, each into its own product, and waited for together; each product is
+    # scaled by x's scales (from its stage) and the weight's and added, and the stages are handed back to the
+    # loading warp. One wait per KPW steps: a step's MMA, its wait, its scaling and the hand-back are a chain of
+    # latencies (~500 cycles a step measured at 64 x 64 tiles, where the MMA itself takes ~130), which the MMAs
+    # of the other steps now share. No product is read while an MMA is in flight (ptxas would serialize them:
+    # warning C7514). Steps past n_steps (the loader fills them too) are scaled by 0.
     BLOCK_N: gl.constexpr = w_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = x_bufs.type.shape[1]
     SX: gl.constexpr = s_bufs.type.shape[2]  # x's scales a stage holds (>= BLOCK_M; the first BLOCK_M are the tile's)
@@ -168,21 +175,36 @@ def _ws_mma(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, stride_sn, off_n, lo, n
     s_rows = s_ptr + ((off_n + gl.arange(0, BLOCK_N, layout=row_l)) // 128) * stride_sn + lo
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
     acc = zero
-    sw_byte = gl.load(s_rows, mask=n_steps > 0, other=127)
-    for i in range(n_steps):
-        slot = i % STAGES
-        sw_next = gl.load(s_rows + i + 1, mask=i + 1 < n_steps, other=127)  # used as loaded, a step later
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        prod = warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                             is_async=True)
-        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-        sx = s_bufs.index(slot).reshape([SX]).slice(0, BLOCK_M).load(gl.SliceLayout(0, acc_l))
-        acc += prod * gl.exp2(sw_byte.to(gl.float32) - 127.0)[:, None] * sx[None, :]
-        gl.thread_barrier()  # every MMA warp is past the stage's MMA and its x scales
-        fence_async_shared()  # (those reads ordered before the loader's next TMA write of the stage)
-        mbarrier.arrive(empty.index(slot), count=1)
-        sw_byte = sw_next
+    for i0 in range(0, n_steps, KPW):
+        sw = _ws_weight_scales(s_rows, i0, n_steps, KPW)  # issued first: their latency hides behind the MMAs
+        prods = ()
+        for j in gl.static_range(KPW):
+            slot = (i0 + j) % STAGES
+            mbarrier.wait(ready.index(slot), ((i0 + j) // STAGES) & 1)
+            prods = prods + (warpgroup_mma(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), zero,
+                                           use_acc=False, is_async=True), )
+        prods = warpgroup_mma_wait(num_outstanding=0, deps=prods)
+        if KPW == 1:
+            prods = (prods, )
+        for j in gl.static_range(KPW):
+            sx = s_bufs.index((i0 + j) % STAGES).reshape([SX]).slice(0, BLOCK_M).load(gl.SliceLayout(0, acc_l))
+            acc += prods[j] * sw[j][:, None] * sx[None, :]
+        gl.thread_barrier()  # every MMA warp is past the stages' MMAs and their x scales
+        fence_async_shared()  # (those reads ordered before the loader's next TMA writes of the stages)
+        for j in gl.static_range(KPW):
+            mbarrier.arrive(empty.index((i0 + j) % STAGES), count=1)
     return (acc, )
+
+
+@gjit
+def _ws_weight_scales(s_rows, i0, n_steps, KPW: gl.constexpr):
+    # The weight's fp32 scales of steps i0 .. i0 + KPW - 1 (0 past n_steps), one [BLOCK_N] tensor a step
+    out = ()
+    for j in gl.static_range(KPW):
+        ok = i0 + j < n_steps
+        b = gl.load(s_rows + i0 + j, mask=ok, other=127)
+        out = out + (gl.where(ok, gl.exp2(b.to(gl.float32) - 127.0), 0.0), )
+    return out
 
 
 @gjit
