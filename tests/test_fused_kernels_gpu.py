@@ -11,9 +11,11 @@ What is asserted, and why:
   to ops/rms_norm.py's kernel on that h_new (the same expression, tile, warp count and, for the rows used
   here, alignment class); x against the torch RMSNorm to the RMSNorm kernel's tolerance (`check_close`,
   tests/test_prep_kernels_gpu.py: one rounding step where the fp32 sum of squares in another order straddles
-  a rounding boundary).
+  a rounding boundary). With x rounded to e4m3 in the same launch (add_rms_norm_rounded): h_new and x bitwise
+  add_rms_norm's, the rounding bitwise quantize_x's twin on x.
 - rms_norm_pair: each output bitwise equal to ops/rms_norm.py's kernel on its input; against the torch
-  twin as above.
+  twin as above. With ya rounded to e4m3 in the same launch (rms_norm_pair_rounded): the norms bitwise the
+  pair's, the rounding bitwise quantize_x's twin on ya (the same function of the same stored values).
 - gemv: relative error of y in fp32 norm, ||y - ref|| / ||ref||, against F.linear of the same inputs
   (the twin): bf16 8e-3, fp32 1e-5. bf16: both round y once from fp32 sums in different orders (and cuBLAS
   may reduce split-K partials in bf16), and with the norm the twin rounds the normed x to bf16 where the
@@ -39,11 +41,12 @@ triton = pytest.importorskip("triton")
 pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
-from tp_runtime.ops.add_rms_norm import add_rms_norm
+from tp_runtime.ops.act_quant import ROUNDED_ROWS, quantize_x_torch
+from tp_runtime.ops.add_rms_norm import add_rms_norm, add_rms_norm_rounded
 from tp_runtime.ops.gemv import GemvConfig, gemv, gemv_config, use_triton_gemv
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.rms_norm import rms_norm
-from tp_runtime.ops.rms_norm_pair import rms_norm_pair
+from tp_runtime.ops.rms_norm_pair import rms_norm_pair, rms_norm_pair_rounded
 
 EPS = 1e-6
 # Triton's interpreter has no bf16 arithmetic of its own (numpy has none): there, fp32 only.
@@ -85,6 +88,26 @@ def test_add_rms_norm_matches_the_unfused_composition(C, dtype):
             check_close(x, ref_x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [128, 200] if INTERPRET else [4096, 7168, 200])
+def test_add_rms_norm_rounded_is_add_rms_norm_then_quantize_x(C, dtype):
+    # h_new and x bitwise add_rms_norm's (also in place, h_out = h); x's rounding bitwise quantize_x's twin on x,
+    # padded to ROUNDED_ROWS rows as quantize_x pads (a zero row).
+    g = _gen(C + 5)
+    w = norm_weight(C, dtype, g)
+    for T in ROWS + [17]:
+        h, y = rows(T, C, dtype, g, True, 3.0), rows(T, C, dtype, g, False)
+        ref_h, ref_x = add_rms_norm(h, y, w, EPS)
+        h_new, x, rx = add_rms_norm_rounded(h, y, w, EPS, h_out=h)
+        assert h_new.data_ptr() == h.data_ptr() and torch.equal(h_new, ref_h) and torch.equal(x, ref_x)
+        mp = -(-T // ROUNDED_ROWS) * ROUNDED_ROWS
+        assert rx.q.shape == (mp, C) and rx.s.shape == (mp, -(-C // 128)) and (mp == 0 or rx.s.stride() == (1, mp))
+        q, sc = quantize_x_torch(torch.cat([x, x.new_zeros(mp - T, C)]))
+        assert torch.equal(rx.s, sc)
+        if not INTERPRET:  # the interpreter's fp32 -> e4m3 cast drops the carry into the next binade (31.1 -> 16)
+            assert torch.equal(rx.q.view(torch.uint8), q.view(torch.uint8))
+
+
 def test_add_rms_norm_in_place_and_bad_input():
     g = _gen(1)
     h, y = rows(3, 48, torch.float32, g, False), rows(3, 48, torch.float32, g, True)
@@ -124,6 +147,33 @@ def test_rms_norm_pair_is_two_rms_norms(ca, cb, dtype):
             ra, rb = torch_path.rms_norm_pair(a, wa, b, wb, EPS)
             check_close(ya, ra)
             check_close(yb, rb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ca,cb", [(128, 32), (200, 36)] if INTERPRET else [(1024, 512), (1536, 512), (200, 36)])
+def test_rms_norm_pair_rounded_is_the_pair_then_quantize_x(ca, cb, dtype):
+    # ya and yb bitwise rms_norm_pair's; ya's rounding bitwise quantize_x's twin on ya (the same rounding of the
+    # same stored values), padded to ROUNDED_ROWS rows as quantize_x pads (a zero row: codes 0, the floor's scale).
+    g = _gen(ca + 3 * cb)
+    wa, wb = norm_weight(ca, dtype, g), norm_weight(cb, dtype, g)
+    for T in ROWS + [17]:
+        out = (torch.randn(T, ca + cb + 40, generator=g, device=DEV) * 2).to(dtype)
+        a, b = out[:, :ca], out[:, ca:ca + cb]
+        ya, yb, ra = rms_norm_pair_rounded(a, wa, b, wb, EPS)
+        pa, pb = rms_norm_pair(a, wa, b, wb, EPS)
+        assert torch.equal(ya, pa) and torch.equal(yb, pb)
+        mp = -(-T // ROUNDED_ROWS) * ROUNDED_ROWS
+        assert ra.q.shape == (mp, ca) and ra.s.shape == (mp, -(-ca // 128)) and (mp == 0 or ra.s.stride() == (1, mp))
+        q, sc = quantize_x_torch(torch.cat([ya, ya.new_zeros(mp - T, ca)]))
+        assert torch.equal(ra.s, sc)
+        if not INTERPRET:  # the interpreter's fp32 -> e4m3 cast drops the carry into the next binade (31.1 -> 16)
+            assert torch.equal(ra.q.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_rms_norm_pair_rounded_refuses_rows_under_one_block():
+    a, b = torch.randn(3, 64, device=DEV), torch.randn(3, 32, device=DEV)
+    with pytest.raises(ValueError, match="128-wide"):
+        rms_norm_pair_rounded(a, torch.ones(64, device=DEV), b, torch.ones(32, device=DEV), EPS)
 
 
 def test_rms_norm_pair_refuses_mismatched_rows():

@@ -10,10 +10,14 @@ fp32 bits, not from a rounded log2: amax = 1.f x 2^e; amax / 448 <= 2^(e - 8) ex
 power of two, and xq * s is exact in fp32 (and in bf16).
 
 `quantize_x_torch` is the torch twin; `round_block` the Triton helper the kernels call (bit for bit the twin on
-a GPU: tests/test_fp8_gemm_gpu.py).
+a GPU: tests/test_fp8_gemm_gpu.py). `RoundedX` is x rounded ahead of its GEMMs, in the layout the GEMMs read
+(written by the kernel that produces x: ops/rms_norm_pair.py; read by ops/fp8_gemm.py), and `store_rounded_row`
+the Triton helper that writes one row of it.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +25,24 @@ from tp_runtime.ops.kernel_support import jit, tl
 
 BLOCK = 128  # the FP8 format's block: 1 x 128 for activations, 128 x 128 for weights (ops/linear.py)
 AMAX_FLOOR = 1e-4  # DeepSeek's act_quant: a block whose |x| are all below it is scaled as if its max were 1e-4
+ROUNDED_ROWS = 16  # RoundedX pads its rows to a multiple of this: what every FP8 GEMM launch takes (cuBLASLt: 16)
+
+
+class RoundedX(NamedTuple):
+    """x [M, K] rounded per 1 x 128 block (module doc) by the kernel that produced x, for the FP8 GEMMs that read x:
+    the layout ops/fp8_gemm.py's `quantize_x` makes with rows padded to ROUNDED_ROWS (padding rows are a zero
+    row's rounding: codes 0)."""
+
+    q: torch.Tensor  # [Mp, K] float8_e4m3fn, Mp = M rounded up to ROUNDED_ROWS
+    s: torch.Tensor  # [Mp, ceil(K/128)] fp32 powers of two, strides (1, Mp): column-major, as cuBLASLt reads it
+
+
+def rounded_x_buffers(m: int, k: int, device: torch.device) -> RoundedX:
+    """Empty RoundedX buffers for x [m, k]."""
+    mp = -(-m // ROUNDED_ROWS) * ROUNDED_ROWS
+    q = torch.empty(mp, k, dtype=torch.float8_e4m3fn, device=device)
+    s = torch.empty(-(-k // BLOCK), mp, dtype=torch.float32, device=device)
+    return RoundedX(q, s.t())
 
 
 def e4m3_exponents_torch(amax: torch.Tensor) -> torch.Tensor:
@@ -56,3 +78,15 @@ def round_block(x):
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     q = (x * inv[:, None]).to(tl.float8e4nv)
     return q, ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@jit
+def store_rounded_row(y, q_ptr, s_ptr, t, C: tl.constexpr, MP, BLOCK_C: tl.constexpr):
+    # y [BLOCK_C] fp32, row t of x (zeros past C) -> its 1 x 128 blocks rounded into RoundedX's buffers: codes at
+    # q_ptr + t * C + c, block b's scale at s_ptr + b * MP + t (the transposed scale layout).
+    nb: tl.constexpr = (BLOCK_C + 127) // 128
+    q, sc = round_block(tl.reshape(y, (nb, 128)))
+    b = tl.arange(0, nb)
+    c = b[:, None] * 128 + tl.arange(0, 128)[None, :]
+    tl.store(q_ptr + t * C + c, q, mask=c < C)
+    tl.store(s_ptr + b * MP + t, sc, mask=b * 128 < C)

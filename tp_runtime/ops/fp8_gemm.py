@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.act_quant import BLOCK, quantize_x_torch, round_block
+from tp_runtime.ops.act_quant import BLOCK, RoundedX, quantize_x_torch, round_block
 from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, fp8_gemm_wgmma_ws, wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
@@ -94,8 +94,10 @@ def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch
 
 
 def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-             pdl: bool = False) -> torch.Tensor:
-    """x [M, groups*K] @ W^T by configuration c (shapes: module doc); pdl: programmatic dependent launch."""
+             pdl: bool = False, rounded: RoundedX | None = None) -> torch.Tensor:
+    """x [M, groups*K] @ W^T by configuration c (shapes: module doc); pdl: programmatic dependent launch.
+    rounded: x already rounded by the kernel that produced it (`takes_rounded_x`): a launch that would round x
+    by a quantize_x launch first reads it instead (the same values)."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
     if c.kernel == "gemv":
@@ -108,41 +110,47 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
     if c.kernel == "scaled_mm":  # groups == 1, K a multiple of 128 (the table's rule)
-        xq, xs = quantize_x(x2, pdl, SCALED_MM_ROWS)
+        xq, xs = rounded or quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)[:m]
     else:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
         launch = _launch_wgmma if c.kernel in GLUON_KERNELS else _launch_triton
-        launch(x2, qw, scale, groups, c, pdl, y, part)
+        launch(x2, qw, scale, groups, c, pdl, y, part, rounded)
     return y.view(*x.shape[:-1], n)
 
 
+def takes_rounded_x(c: Fp8GemmConfig, k: int) -> bool:
+    """Whether launch c over K = k columns a group rounds x by a quantize_x launch first (so a RoundedX made by
+    x's producer spares it); the GEMV and the Triton kernel with quant_x round x as they read it."""
+    return k % BLOCK == 0 and c.kernel != "gemv" and not (c.kernel == "triton" and c.quant_x)
+
+
 def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-                  pdl: bool, y: torch.Tensor, part: torch.Tensor) -> None:
+                  pdl: bool, y: torch.Tensor, part: torch.Tensor, rounded: RoundedX | None) -> None:
     # x rounded by one launch, then one of ops/fp8_gemm_wgmma.py's kernels into y (part: its split-K partials);
     # the warp-specialized one reads x's scales by TMA: rows padded to 4 (16 bytes)
     m, n = y.shape
     counters = tile_counters(x2.device, triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n))
     if c.kernel == "wgmma_ws":
-        xq, xs = quantize_x(x2, pdl, 4)
+        xq, xs = rounded or quantize_x(x2, pdl, 4)
         fp8_gemm_wgmma_ws(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
                           c.k_per_wait, pdl, y, part, counters)
         return
-    xq, xs = quantize_x(x2, pdl)
+    xq, xs = rounded or quantize_x(x2, pdl)
     fp8_gemm_wgmma(xq, xs, m, qw, scale, groups, c.block_m, c.block_n, c.splits, c.num_warps, c.num_stages,
                    c.in_flight, y, part, counters)
 
 
 def _launch_triton(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-                   pdl: bool, y: torch.Tensor, part: torch.Tensor) -> None:
+                   pdl: bool, y: torch.Tensor, part: torch.Tensor, rounded: RoundedX | None) -> None:
     # `_fp8_gemm_kernel` into y, x rounded in its prologue (quant_x) or by one launch first
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused
         sxm, sxk = 0, 0
     else:
-        xq, xs = quantize_x(x2, pdl)
+        xq, xs = rounded or quantize_x(x2, pdl)
         sxm, sxk = xs.stride(0), xs.stride(1)
     group_n = n // groups
     bn = c.block_n

@@ -18,6 +18,7 @@ import torch
 
 from tp_runtime.capability import kernels_refusal, triton_unavailable
 from tp_runtime.config_yaml import ConfigError
+from tp_runtime.ops.act_quant import RoundedX
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
@@ -43,6 +44,20 @@ class KernelBackend(Protocol):
     def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """a [T, Ca], b [T, Cb] -> (RMSNorm(a) * wa, RMSNorm(b) * wb): q_norm and kv_norm together."""
+
+    def add_rms_norm_rounded(self, h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        """add_rms_norm, and x rounded to e4m3 per 1 x 128 block (ops/act_quant.py's RoundedX) for the next
+        layer's FP8 GEMM of x."""
+
+    def rms_norm_pair_rounded(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        """rms_norm_pair, and its first output rounded to e4m3 per 1 x 128 block (ops/act_quant.py's RoundedX)
+        for the FP8 GEMMs that read it."""
+
+    def rounds_x_ahead(self, x: torch.Tensor, shapes: list[tuple[int, int]]) -> bool:
+        """Whether an FP8 GEMM (x rounded) of these [N, K] weights at x's rows is spared work when x comes
+        rounded by its producer (`fp8_linear`'s rounded)."""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                eps: float = 0.0) -> torch.Tensor:
@@ -81,9 +96,10 @@ class KernelBackend(Protocol):
         """Attention with sink over window and compressed rows, inverse rotary, into out [T, Hl*D]."""
 
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-                   round_x: bool = False) -> torch.Tensor:
+                   round_x: bool = False, rounded: RoundedX | None = None) -> torch.Tensor:
         """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]; round_x: x rounded
-        to e4m3 per 1 x 128 block first, as the released model does (ops/fp8_gemm.py), else taken as given."""
+        to e4m3 per 1 x 128 block first, as the released model does (ops/fp8_gemm.py), else taken as given;
+        rounded: that rounding of x, made by x's producer (rms_norm_pair_rounded), where the backend can use it."""
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],

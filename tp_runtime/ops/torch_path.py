@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from tp_runtime.ops.act_quant import ROUNDED_ROWS, RoundedX, quantize_x_torch
 from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows, round_keys
 from tp_runtime.ops.fp8_gemm import fp8_gemm_torch
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
@@ -240,6 +241,28 @@ def rms_norm_pair(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.
     return rms_norm(a, wa, eps), rms_norm(b, wb, eps)
 
 
+def rms_norm_pair_rounded(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+    """rms_norm_pair, and the first output rounded per 1 x 128 block (`rounded_x`)."""
+    ya, yb = rms_norm_pair(a, wa, b, wb, eps)
+    return ya, yb, rounded_x(ya)
+
+
+def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+    """add_rms_norm, and x rounded per 1 x 128 block (`rounded_x`)."""
+    h_new, x = add_rms_norm(h, y, weight, eps)
+    return h_new, x, rounded_x(x)
+
+
+def rounded_x(x: torch.Tensor) -> RoundedX:
+    """x [M, K] rounded per 1 x 128 block in act_quant's RoundedX layout: rows padded to ROUNDED_ROWS with zero
+    rows, scales column-major."""
+    mp = -(-len(x) // ROUNDED_ROWS) * ROUNDED_ROWS
+    q, s = quantize_x_torch(torch.cat([x, x.new_zeros(mp - len(x), x.shape[1])]))
+    return RoundedX(q, s.t().contiguous().t())
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
          eps: float = 0.0) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given."""
@@ -317,6 +340,21 @@ class TorchBackend:
         return rms_norm_pair(a, wa, b, wb, eps)
 
     @staticmethod
+    def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        return add_rms_norm_rounded(h, y, weight, eps)
+
+    @staticmethod
+    def rms_norm_pair_rounded(a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        return rms_norm_pair_rounded(a, wa, b, wb, eps)
+
+    @staticmethod
+    def rounds_x_ahead(x: torch.Tensor, shapes: list[tuple[int, int]]) -> bool:
+        """Never: the torch path's FP8 GEMMs round x as one expression of their own (nothing to spare)."""
+        return False
+
+    @staticmethod
     def linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                eps: float = 0.0) -> torch.Tensor:
         """x [..., K] @ weight [N, K]^T, behind RMSNorm(x) * norm_weight where given (gemv's twin)."""
@@ -329,9 +367,10 @@ class TorchBackend:
 
     @staticmethod
     def fp8_linear(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-                   round_x: bool = False) -> torch.Tensor:
+                   round_x: bool = False, rounded: RoundedX | None = None) -> torch.Tensor:
         """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T; round_x: x rounded to e4m3 per 1 x 128 block first
-        (the released model's GEMM, ops/fp8_gemm.py), else as given. Never a Triton launch."""
+        (the released model's GEMM, ops/fp8_gemm.py), else as given; rounded (that rounding, made ahead) is not
+        read: the twin rounds x itself, to the same values. Never a Triton launch."""
         return fp8_gemm_torch(x, qw, scale, groups) if round_x else fp8_linear_torch(x, qw, scale, groups)
 
     @staticmethod

@@ -14,7 +14,9 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     linear            ops/gemv.py              bf16 weight GEMMs (optionally behind an RMSNorm of x): the Triton
                                                GEMV where it beat cuBLAS, else cuBLAS
     add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
-    rms_norm_pair     ops/rms_norm_pair.py     q_norm and kv_norm, one launch
+                                               (_rounded: x also rounded to e4m3 for the next layer's FP8 GEMM)
+    rms_norm_pair     ops/rms_norm_pair.py     q_norm and kv_norm, one launch (_rounded: q_norm's output also rounded
+                                               to e4m3 for the FP8 GEMMs that read it, sparing their quantize launch)
     step_index        ops/step_index.py        every tensor of the per-step index, one launch
 
 CUDA only (bf16 / fp16 / fp32), chosen by `ops/select.py`. Building one needs no GPU: nothing launches
@@ -29,18 +31,19 @@ from typing import ClassVar
 
 import torch
 
-from tp_runtime.ops.add_rms_norm import add_rms_norm
+from tp_runtime.ops.add_rms_norm import add_rms_norm, add_rms_norm_rounded
 from tp_runtime.ops.cache_fp8 import row_bytes
 from tp_runtime.ops.compressor_pool import compress_pool
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.gemv import gemv, use_triton_gemv
-from tp_runtime.ops.fp8_gemm import fp8_gemm
+from tp_runtime.ops.act_quant import RoundedX
+from tp_runtime.ops.fp8_gemm import fp8_gemm, takes_rounded_x
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import fp8_linear
 from tp_runtime.ops.rms_norm import rms_norm
-from tp_runtime.ops.rms_norm_pair import rms_norm_pair
+from tp_runtime.ops.rms_norm_pair import rms_norm_pair, rms_norm_pair_rounded
 from tp_runtime.ops.rope import prepare_heads
 from tp_runtime.ops.sparse_attention import sparse_attention_sink
 from tp_runtime.ops.step_index import step_index
@@ -54,6 +57,7 @@ class TritonBackend:
     name: ClassVar[str] = "triton"
     pdl: bool = False
     fp8_table: Fp8GemmTable = field(default_factory=Fp8GemmTable.load, compare=False, repr=False)
+    _rounds_ahead: dict = field(default_factory=dict, compare=False, repr=False)  # rounds_x_ahead's answers
 
     def _kw(self) -> dict:
         """The launch options every kernel wrapper below receives, in this one place: {"pdl": True} with
@@ -67,9 +71,29 @@ class TritonBackend:
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         return add_rms_norm(h, y, weight, eps, **self._kw())
 
+    def add_rms_norm_rounded(self, h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        return add_rms_norm_rounded(h, y, weight, eps, **self._kw())
+
     def rms_norm_pair(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         return rms_norm_pair(a, wa, b, wb, eps, **self._kw())
+
+    def rms_norm_pair_rounded(self, a: torch.Tensor, wa: torch.Tensor, b: torch.Tensor, wb: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor, RoundedX]:
+        return rms_norm_pair_rounded(a, wa, b, wb, eps, **self._kw())
+
+    def rounds_x_ahead(self, x: torch.Tensor, shapes: list[tuple[int, int]]) -> bool:
+        """Whether an FP8 GEMM of these [N, K] weights at x's rows takes x rounded by its producer: its table
+        launch would otherwise round x by a quantize_x launch of its own (ops/fp8_gemm.py `takes_rounded_x`).
+        Asked per layer and step on the host: answers are kept per (rows, shapes, dtype, device)."""
+        m = x.numel() // x.shape[-1]
+        key = (m, tuple(tuple(s) for s in shapes), x.dtype, x.device)
+        if key not in self._rounds_ahead:
+            n_sm = sm_count(x.device)
+            self._rounds_ahead[key] = any(takes_rounded_x(self.fp8_table.config(m, n, k, 1, x, n_sm), k)
+                                          for n, k in shapes)
+        return self._rounds_ahead[key]
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None,
                eps: float = 0.0) -> torch.Tensor:
@@ -127,12 +151,12 @@ class TritonBackend:
                               **self._kw())
 
     def fp8_linear(self, x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int = 1,
-                   round_x: bool = False) -> torch.Tensor:
+                   round_x: bool = False, rounded: RoundedX | None = None) -> torch.Tensor:
         if not round_x:
             return fp8_linear(x, qw, scale, groups, **self._kw())
         m = x.numel() // x.shape[-1]
         c = self.fp8_table.config(m, qw.shape[0], qw.shape[1], groups, x, sm_count(x.device))
-        return fp8_gemm(x, qw, scale, groups, c, **self._kw())
+        return fp8_gemm(x, qw, scale, groups, c, rounded=rounded, **self._kw())
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],
