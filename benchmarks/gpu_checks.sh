@@ -59,6 +59,10 @@ check tiny_tp1_full_kv_fp8 configs/tiny.yaml parallel.tp=1 parallel.launcher=loc
 check flash_tp1_full_kv_fp8 "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable runtime.cache_format=fp8
 check flash_tp1_narrow_kv_fp8 "${flash[@]}" parallel.tp=1 graph.mode=breakable graph.break_scope=narrow \
   runtime.cache_format=fp8
+# FP8 weights with e4m3 activations (the released format's GEMMs): prefill chunks of up to 256 rows take the
+# launches that read x rounded ahead (q_norm's output rounded in its own launch), decode the GEMV / in-loop rounding
+check flash_tp1_full_fp8_a8 "${flash[@]}" parallel.tp=1 graph.mode=full_and_breakable runtime.weight_format=fp8 \
+  runtime.fp8_activations=e4m3
 if [ "$ngpu" -ge 2 ]; then
   check tiny_tp2_wide configs/tiny.yaml parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=wide
   check flash_tp2_hoisted "${flash[@]}" parallel.tp=2 parallel.launcher=local graph.mode=breakable graph.break_scope=hoisted

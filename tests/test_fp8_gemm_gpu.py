@@ -14,13 +14,18 @@ import torch
 
 from conftest import ROOT
 from tp_runtime.config import load_config
+from tp_runtime.model.stack import AttentionStack
 from tp_runtime.ops.act_quant import quantize_x_torch
-from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x
+from tp_runtime.ops.fp8_gemm import (Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x,
+                                     takes_rounded_x)
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.kernel_support import gluon_hopper
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
+from tp_runtime.ops.rms_norm_pair import rms_norm_pair_rounded
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
+from tp_runtime.parallel.group import TPGroup
+from tp_runtime.weights.fill import init_seeded
 from tp_runtime.weights.fp8 import quantize_fp8
 from tp_runtime.weights.specs import fp8_gemm_shapes
 
@@ -190,3 +195,82 @@ def test_backends_agree_and_torch_launches_no_triton():
     names = [e.name for e in prof.events()]
     assert not [n for n in names if any(k in n for k in ("_fp8_gemm_kernel", "_quantize_x_kernel", "_tile_kernel",
                                                           "_gemv_kernel"))], names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
+                    reason="the Gluon kernels need a Hopper GPU")
+def test_x_rounded_by_its_producer_gives_the_same_product_without_a_quantize_launch():
+    # x as q_norm's launch leaves it (rms_norm_pair_rounded: the norm and its e4m3 rounding in one launch). Every
+    # launch kind that rounds x by a quantize_x launch first reads the rounding instead: its product is bitwise the
+    # one with that launch (the same codes and scales, the same kernel), and no quantize_x kernel runs.
+    q, s = _weights(4096, 1024, 11)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(37, 1024, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(37, 512, device="cuda", generator=g).to(torch.bfloat16)
+    wa, wb = torch.rand(1024, device="cuda", generator=g) + 0.5, torch.rand(512, device="cuda", generator=g) + 0.5
+    x, _, rounded = rms_norm_pair_rounded(a, wa.bfloat16(), b, wb.bfloat16(), 1e-6)
+    launches = [Fp8GemmConfig("wgmma_ws", 64, 64, 3, 4, 6, False, k_per_wait=2),
+                Fp8GemmConfig("wgmma", 32, 64, 1, 4, 4, False, in_flight=1),
+                Fp8GemmConfig("triton", 64, 64, 2, 4, 3, False)]
+    if blockwise_scaled_mm_available(x.device):
+        launches.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
+    for c in launches:
+        assert takes_rounded_x(c, 1024), c
+        y0 = fp8_gemm(x, q, s, 1, c)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            y1 = fp8_gemm(x, q, s, 1, c, rounded=rounded)
+            torch.cuda.synchronize()
+        assert torch.equal(y0, y1), c
+        assert not [e.name for e in prof.events() if "_quantize_x_kernel" in e.name], c
+    assert not takes_rounded_x(Fp8GemmConfig("triton", 16, 64, 1, 4, 4, True), 1024)  # rounds x in its K loop
+    assert not takes_rounded_x(Fp8GemmConfig("gemv", 1, 16, 1, 4, 3, True, 512), 1024)
+    # the backend asks for it where the table's launch would quantize x: wq_b at 128 rows, not at one row
+    rows = torch.empty(128, 1024, device="cuda", dtype=torch.bfloat16)
+    assert TritonBackend().rounds_x_ahead(rows, [(32768, 1024)])
+    assert not TritonBackend().rounds_x_ahead(rows[:1], [(32768, 1024)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
+                    reason="the table's Gluon launches need a Hopper GPU")
+def test_flash_layers_read_x_and_qr_rounded_ahead_as_they_would_round_them():
+    # Flash layers 2 (ratio 4: wq_b and the indexer's wq_b read qr) and 3 with FP8 weights and e4m3 activations
+    # on the Triton backend, 128 rows: where the table's launch would quantize x or qr itself, the launch that
+    # norms it rounds it too (x: add_rms_norm_rounded; qr: q_norm's, inside stage A). Every product is bitwise
+    # the one of the layer that rounds by quantize_x launches, and those launches are fewer.
+    cfg = load_config(ROOT / "configs" / "v4_flash.yaml", ["model.layers=2-3"])
+    dev = torch.device("cuda")
+    stack = AttentionStack(cfg.model, TPGroup(0, 1, dev), 256, torch.bfloat16, dev, backend=TritonBackend(),
+                           fp8=True, round_x=True)
+    init_seeded(stack, 0)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    h, y = (torch.randn(128, cfg.model.hidden_size, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    for blk in stack.layers.values():
+        layer = blk.attn
+        assert layer.rounded_input_shapes() and layer.backend.rounds_x_ahead(h, layer.rounded_input_shapes())
+        _, x, xr = layer.backend.add_rms_norm_rounded(h, y, blk.attn_norm.weight, blk.attn_norm.eps)
+
+        def products(x_rounded, ahead):
+            layer.backend = TritonBackend() if ahead else _NoRoundingAhead()
+            a = layer.stage_a(x, x_rounded)
+            q = layer.query(a.qr, a.qr_norm, a.qr_rounded)
+            iq = layer.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if layer.indexer is not None else None
+            return a, [t for t in (*a[:7], q, iq) if t is not None]
+
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            a, fused = products(xr, True)
+            torch.cuda.synchronize()
+        fused_launches = sum("_quantize_x_kernel" in e.name for e in prof.events())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            b, apart = products(None, False)
+            torch.cuda.synchronize()
+        apart_launches = sum("_quantize_x_kernel" in e.name for e in prof.events())
+        assert a.qr_rounded is not None and b.qr_rounded is None
+        assert all(torch.equal(u, v) for u, v in zip(fused, apart))
+        assert fused_launches < apart_launches, (fused_launches, apart_launches)
+
+
+class _NoRoundingAhead(TritonBackend):
+    """The Triton backend with every GEMM rounding its own x (a quantize_x launch where its launch needs one)."""
+
+    def rounds_x_ahead(self, x: torch.Tensor, shapes: list[tuple[int, int]]) -> bool:
+        return False

@@ -66,11 +66,15 @@ def test_kernel_in_a_cuda_graph():
     assert torch.equal(y, linear_triton(x, q, s)) and not torch.equal(y, y0)
 
 
-def test_check_with_fp8_weights():
+@pytest.mark.parametrize("activations", ["bf16", "e4m3"])
+def test_check_with_fp8_weights(activations):
+    # e4m3: the released GEMMs, x rounded per 1 x 128 block (prefill chunks of up to 256 rows take the launches
+    # that read x and qr rounded by the launches that norm them; the oracle rounds the same way)
+    extra = ["runtime.fp8_activations=e4m3"] if activations == "e4m3" else []
     proc = run_cli(["check", "configs/v4_flash.yaml", "model.layers=2-5", "workload.requests=4",
                     "workload.prompt_len=[130, 700]", "workload.decode_len=[8, 24]", "runtime.max_len=1024",
                     "runtime.max_seqs=4", "runtime.max_tokens_per_step=256", "parallel.tp=1",
-                    "parallel.launcher=local", "graph.mode=full_and_breakable", "runtime.weight_format=fp8"],
+                    "parallel.launcher=local", "graph.mode=full_and_breakable", "runtime.weight_format=fp8", *extra],
                    timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = last_json(proc.stdout)

@@ -38,6 +38,7 @@ from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.indexer import Indexer
 from tp_runtime.model.layers import ColumnParallelLinear, ReplicatedLinear, RMSNorm, RowParallelLinear
 from tp_runtime.model.streams import INLINE, Inline, SideStream
+from tp_runtime.ops.act_quant import RoundedX
 from tp_runtime.ops.linear import grouped_linear
 from tp_runtime.ops.select import KernelBackend
 from tp_runtime.ops.torch_path import write_ring
@@ -55,6 +56,7 @@ class StageA(NamedTuple):
     idx_kv: torch.Tensor | None  # [T, 2*Id] (r = 4)
     idx_score: torch.Tensor | None
     qr_norm: RMSNorm | None = None  # q_norm, still to apply: each GEMM of qr takes it as its prologue
+    qr_rounded: RoundedX | None = None  # qr rounded to e4m3 by q_norm's launch, for its FP8 GEMMs
 
 
 class Prepared(NamedTuple):
@@ -127,36 +129,54 @@ class DSV4Attention(nn.Module):
     # ------------------------------------------------------------ forward
 
     def forward(self, x: torch.Tensor, live: LiveBatch, cache: LayerCache, out: torch.Tensor,
-                break_scope: str | None) -> torch.Tensor:
-        """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer."""
+                break_scope: str | None, x_rounded: RoundedX | None = None) -> torch.Tensor:
+        """x [T, hidden] (normed) -> y [T, hidden], all-reduced. out [T, Hl*D] is the break's buffer; x_rounded:
+        x rounded to e4m3 by the launch that normed it (`rounded_input_shapes`)."""
         if break_scope is None:  # no break: one graph holds the whole layer
-            self.stage_b(self.stage_a(x), live, cache, out)
+            self.stage_b(self.stage_a(x, x_rounded), live, cache, out)
         elif break_scope == "wide":
-            attention_wide(self, x, live, cache, out)
+            attention_wide(self, x, x_rounded, live, cache, out)
         elif break_scope == "hoisted":
-            attention_hoisted(self, self.stage_a(x), live, cache, out)
+            attention_hoisted(self, self.stage_a(x, x_rounded), live, cache, out)
         else:  # narrow: only top-K selection and the sparse attention stay in the break
-            p = self.prepare(self.stage_a(x), live.batch, cache)
+            p = self.prepare(self.stage_a(x, x_rounded), live.batch, cache)
             attention_narrow(self, p, live, cache, out)
             self.commit(p, live.batch, cache)
         return self.stage_c(out)
 
-    def stage_a(self, x: torch.Tensor) -> StageA:
-        parts = [p for name, widths in self.x_gemms for p in getattr(self, name)(x).split(widths, dim=-1)]
+    def rounded_input_shapes(self) -> list[tuple[int, int]]:
+        """[N, K] of the GEMMs of x that take it rounded to e4m3 (FP8 weights, round_x): what a rounding of x
+        made by x's producer can spare."""
+        gemms = [getattr(self, name) for name, _ in self.x_gemms]
+        return [tuple(m.qweight.shape) for m in gemms if m.fp8 and m.round_x]
+
+    def stage_a(self, x: torch.Tensor, x_rounded: RoundedX | None = None) -> StageA:
+        """x [T, hidden] -> StageA; x_rounded: x's e4m3 rounding, for the FP8 GEMM of x."""
+        parts = [p for name, widths in self.x_gemms
+                 for p in getattr(self, name)(x, rounded=x_rounded).split(widths, dim=-1)]
         y = dict(zip(self.x_names, parts))  # views of each GEMM's [T, rows] output
         comp = (y["compressor.wkv"], y["compressor.wgate"]) if self.compressor else (None, None)
         idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"], y["indexer.compressor.wgate"])
                if self.indexer else (None, None, None))
         if self._q_norm_in_prologue(len(x)):  # wq_b and the indexer's wq_b each norm qr as they read it
             return StageA(y["wq_a"], self.kv_norm(y["wkv"]), *comp, *idx, qr_norm=self.q_norm)
+        fp8_shapes = [m.qweight.shape for m in self._qr_readers() if m.fp8 and m.round_x]
+        if fp8_shapes and self.backend.rounds_x_ahead(y["wq_a"], fp8_shapes):  # q_norm rounds qr for them
+            qr, kv, qr_r = self.backend.rms_norm_pair_rounded(y["wq_a"], self.q_norm.weight, y["wkv"],
+                                                              self.kv_norm.weight, self.eps)
+            return StageA(qr, kv, *comp, *idx, qr_rounded=qr_r)
         qr, kv = self.backend.rms_norm_pair(y["wq_a"], self.q_norm.weight, y["wkv"], self.kv_norm.weight, self.eps)
         return StageA(qr, kv, *comp, *idx)
+
+    def _qr_readers(self) -> list[nn.Module]:
+        """The GEMMs that read qr: wq_b, and the indexer's wq_b at r = 4."""
+        return [self.wq_b] + ([self.indexer.wq_b] if self.indexer is not None else [])
 
     def _q_norm_in_prologue(self, t: int) -> bool:
         """Whether every GEMM reading qr (wq_b; the indexer's wq_b at r = 4) takes q_norm as its prologue at t
         rows (bf16 weights, at the shapes where the backend's fused GEMV was measured faster): then the normed
         qr is never written. t is the capture size or the eager batch: a shape, not a step's value."""
-        readers = [self.wq_b] + ([self.indexer.wq_b] if self.indexer is not None else [])
+        readers = self._qr_readers()
         return not any(m.fp8 for m in readers) and self.backend.norm_prologue(t, [m.weight.shape for m in readers])
 
     def stage_b(self, a: StageA, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
@@ -188,8 +208,8 @@ class DSV4Attention(nn.Module):
         side.fork()
         with side.branch():
             self.compress(a, b, cache)
-        q = self.query(a.qr, a.qr_norm)
-        idx_q = self.indexer.query(a.qr, a.qr_norm) if self.indexer is not None else None
+        q = self.query(a.qr, a.qr_norm, a.qr_rounded)
+        idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         side.fork()
         ring = (cache.window, b.ix.rings[self.W]) if b.decode else None
         q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
@@ -209,8 +229,8 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """stage_b up to the top-K, on one stream, for all T tokens: reads only device metadata, so the
         narrow scope captures it. Emits compressed entries and indexer keys into the caches."""
-        q = self.query(a.qr, a.qr_norm)
-        idx_q = self.indexer.query(a.qr, a.qr_norm) if self.indexer is not None else None
+        q = self.query(a.qr, a.qr_norm, a.qr_rounded)
+        idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         q, kv, idx_q = self.backend.heads(q, a.kv, b.ix.cis[self.rope_kind], self.eps, cache.window.dtype, idx_q)
         self.compress(a, b, cache)
         return Prepared(q, kv, idx_q, a.idx_w)
@@ -227,10 +247,11 @@ class DSV4Attention(nn.Module):
 
     # ------------------------------------------------------------ the parts of stage B
 
-    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None) -> torch.Tensor:
-        """wq_b: qr [T, Rq] (through qr_norm first, if given) -> q [T, Hl, D], unroped (a fresh buffer, which
-        the Triton backend ropes in place)."""
-        return self.wq_b(qr, qr_norm).view(len(qr), self.n_local_heads, self.D)
+    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None, rounded: RoundedX | None = None
+              ) -> torch.Tensor:
+        """wq_b: qr [T, Rq] (through qr_norm first, if given; rounded: qr's e4m3 rounding, made ahead) -> q [T, Hl,
+        D], unroped (a fresh buffer, which the Triton backend ropes in place)."""
+        return self.wq_b(qr, qr_norm, rounded).view(len(qr), self.n_local_heads, self.D)
 
     def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> None:
         """The compressors: this step's completed entries into cache.compressed (r > 0) and indexer keys
@@ -276,10 +297,10 @@ class DSV4Attention(nn.Module):
 
 
 @eager_break_during_capture
-def attention_wide(layer: DSV4Attention, x: torch.Tensor, live: LiveBatch, cache: LayerCache,
-                   out: torch.Tensor) -> None:
+def attention_wide(layer: DSV4Attention, x: torch.Tensor, x_rounded: RoundedX | None, live: LiveBatch,
+                   cache: LayerCache, out: torch.Tensor) -> None:
     """Eager region of the wide scope: stages A and B."""
-    layer.stage_b(layer.stage_a(x), live, cache, out)
+    layer.stage_b(layer.stage_a(x, x_rounded), live, cache, out)
 
 
 @eager_break_during_capture

@@ -22,6 +22,7 @@ from tp_runtime.model.batch import StepBatch
 from tp_runtime.model.cache import LayerCache
 from tp_runtime.model.compressor import Compressor
 from tp_runtime.model.layers import ReplicatedLinear, RMSNorm
+from tp_runtime.ops.act_quant import RoundedX
 from tp_runtime.ops.select import KernelBackend
 
 
@@ -35,10 +36,11 @@ class Indexer(nn.Module):
         self.backend = backend
         self.q_fp8 = False  # runtime.indexer_q=e4m3: scores of q rounded to e4m3 per head (set by AttentionStack)
 
-    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None) -> torch.Tensor:
-        """The query before rotary, qr [T, Rq] (through qr_norm first, if given) -> [T, Ih, Id]: a fresh
-        buffer, which the Triton backend rotates in place."""
-        return self.wq_b(qr, qr_norm).view(len(qr), self.n_heads, self.head_dim)
+    def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None, rounded: RoundedX | None = None
+              ) -> torch.Tensor:
+        """The query before rotary, qr [T, Rq] (through qr_norm first, if given; rounded: qr's e4m3 rounding,
+        made ahead) -> [T, Ih, Id]: a fresh buffer, which the Triton backend rotates in place."""
+        return self.wq_b(qr, qr_norm, rounded).view(len(qr), self.n_heads, self.head_dim)
 
     def prepare(self, kv: torch.Tensor, score: torch.Tensor, b: StepBatch, cache: LayerCache) -> None:
         """Device metadata only: emit this step's keys into cache.index_keys (FP8: and cache.index_scales)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tp_runtime.ops.act_quant import RoundedX
 from tp_runtime.ops.select import KernelBackend
 from tp_runtime.parallel.group import TPGroup
 
@@ -50,12 +51,13 @@ class Linear(nn.Module):
         else:
             self.weight = _frozen(torch.empty(out_features, in_features, dtype=dtype, device=device))
 
-    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None, rounded: RoundedX | None = None) -> torch.Tensor:
         """x [T, in] -> [T, out]; norm: x is taken through it first (as the GEMV's prologue where the backend
-        fuses it: bf16 weights only)."""
+        fuses it: bf16 weights only); rounded: x rounded to e4m3 ahead by its producer (FP8 with round_x only)."""
         if self.fp8:
             x = norm(x) if norm is not None else x
-            return self.backend.fp8_linear(x, self.qweight, self.scale, round_x=self.round_x)
+            return self.backend.fp8_linear(x, self.qweight, self.scale, round_x=self.round_x,
+                                           rounded=rounded if self.round_x else None)
         if norm is None:
             return self.backend.linear(x, self.weight)
         return self.backend.linear(x, self.weight, norm.weight, norm.eps)

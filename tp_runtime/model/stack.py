@@ -101,15 +101,20 @@ class AttentionStack(nn.Module):
         blocks = list(self.layers.values())
         if not blocks:
             return h
-        x = blocks[0].attn_norm(h)
+        x, xr = blocks[0].attn_norm(h), None
         for i, (blk, cache) in enumerate(zip(blocks, caches)):
             with self._layer_range(i):
-                y = blk.attn(x, live, cache, o, break_scope)
+                y = blk.attn(x, live, cache, o, break_scope, xr)
                 if i + 1 == len(blocks):
                     return h + y
-                # The residual add and the next layer's attn_norm in one launch: h + y, RMSNorm(h + y).
-                nxt = blocks[i + 1].attn_norm
-                h, x = self.backend.add_rms_norm(h, y, nxt.weight, nxt.eps)
+                # The residual add and the next layer's attn_norm in one launch: h + y, RMSNorm(h + y); and
+                # the normed x rounded to e4m3 by that launch where the next layer's FP8 GEMM of x would
+                # otherwise round it by a launch of its own.
+                nxt, shapes = blocks[i + 1].attn_norm, blocks[i + 1].attn.rounded_input_shapes()
+                if shapes and self.backend.rounds_x_ahead(h, shapes):
+                    h, x, xr = self.backend.add_rms_norm_rounded(h, y, nxt.weight, nxt.eps)
+                else:
+                    h, x, xr = *self.backend.add_rms_norm(h, y, nxt.weight, nxt.eps), None
 
     def _layer_range(self, i: int):
         """The profiler range of the i-th selected layer while `annotate_layers` is set (LAYER_RANGE format)."""

@@ -14,7 +14,10 @@ tiles wait for each MMA instead). ptxas serializes those MMAs all the same (warn
 accumulator registers are read before the MMA completes), so in practice its overlap comes from the warpgroups
 and the TMA stages. "wgmma_ws" is warp-specialized: a loading warp keeps the ring of stages full, independent of
 the MMA warps, and under PDL requests the first weight tiles before it waits for the previous kernel; the MMA
-warps wait for each MMA, scale it and hand the stage back by an mbarrier.
+warps issue K_PER_WAIT blocks' MMAs, each into its own product, wait for them together (no product is read
+while an MMA is in flight, so nothing is serialized), scale and add them, and hand the stages back by mbarriers.
+Nsight Compute at M = 128 (64 x 64 tiles, one program an SM): ~500 cycles a K block, of which the MMAs take
+~130; the rest is the issue-wait-scale-release chain, which the blocks of one wait now share.
 A tile of 256 weight rows spans two 128-row scale blocks: scales are per row. The weight tile is the MMA's wide
 side ("swap AB": BLOCK_N weight rows by BLOCK_M rows of x), K is split over programs as in the Triton kernel
 (partials summed by the last program of a tile, in split order). Only K a multiple of 128 (every DeepSeek-V4
