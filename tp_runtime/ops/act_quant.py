@@ -11,8 +11,8 @@ power of two, and xq * s is exact in fp32 (and in bf16).
 
 `quantize_x_torch` is the torch twin; `round_block` the Triton helper the kernels call (bit for bit the twin on
 a GPU: tests/test_fp8_gemm_gpu.py). `RoundedX` is x rounded ahead of its GEMMs, in the layout the GEMMs read
-(written by the kernel that produces x: ops/rms_norm_pair.py; read by ops/fp8_gemm.py), and `store_rounded_row`
-the Triton helper that writes one row of it.
+(written by the kernels that produce x: ops/add_rms_norm.py, ops/rms_norm_pair.py; read by ops/fp8_gemm.py),
+and `store_rounded_row` the Triton helper that writes one row of it.
 """
 
 from __future__ import annotations

@@ -11,17 +11,18 @@ s_x[m, b] * s_w[n/128, b] * (xq[m, b] . wq[n, b]), each block's dot exact in fp3
 fp32; tensor cores add them in fp32) and scaled once per block. `fp8_gemm_torch` is the torch twin; the Triton
 launches differ from it by the order of fp32 sums only.
 
-The MMA kernel, `_fp8_gemm_kernel`: the weight tile [BLOCK_N, 128] is the MMA's wide side and x's rows the narrow one
-("swap AB"), so M = 1 pads to 16 columns on the tensor cores, which at decode sizes have cycles to spare: the
+The MMA kernel, `_fp8_gemm_kernel`: the weight tile [BLOCK_N, 128] is the MMA's wide side and x's rows the narrow
+one ("swap AB"), so M = 1 pads to 16 columns on the tensor cores, which at decode sizes have cycles to spare: the
 kernel streams the weight at HBM speed. x is rounded in the prologue of each K step (QUANT_X: M small, x re-read
-from L2 by every N tile) or read already rounded (`quantize_x`, one launch: large M, where each N tile rounding
-all of x again would cost more than that launch). K is split over programs where the output tiles leave SMs
-idle: each writes an fp32 partial, the last of a tile to finish sums them in split order (deterministic) and
-stores y (ops/linear.py `_store_or_sum`). At M = 1 the GEMV of ops/linear.py (products on CUDA cores, no MMA
-padding) may run instead, rounding each 128 columns of x in its K loop: the same exact products, summed in another
-order. Which kernel, tile sizes, stages, splits and x path a GEMM takes is read from the tuning table
-(ops/fp8_gemm_table.py), per weight shape and M bucket; cuBLASLt's block-scaled GEMM (`torch._scaled_mm` on the
-same rounded x) is one of the table's choices.
+from L2 by every N tile) or read already rounded (`quantize_x`, one launch: large M, where each N tile rounding all
+of x again would cost more than that launch; or `rounded`, the same rounding made by the kernel that produced x,
+ops/act_quant.py's RoundedX, which spares that launch). K is split over programs where the output tiles leave SMs
+idle: each writes an fp32 partial, the last of a tile to finish sums them in split order (deterministic) and stores
+y (ops/linear.py `_store_or_sum`). At M = 1 the GEMV of ops/linear.py (products on CUDA cores, no MMA padding) may
+run instead, rounding each 128 columns of x in its K loop: the same exact products, summed in another order. Which
+kernel, tile sizes, stages, splits and x path a GEMM takes is read from the tuning table (ops/fp8_gemm_table.py),
+per weight shape and M bucket; cuBLASLt's block-scaled GEMM (`torch._scaled_mm` on the same rounded x) is one of the
+table's choices.
 """
 
 from __future__ import annotations
