@@ -215,7 +215,7 @@ def tune_shape(n: int, k: int, groups: int, buckets: list[int], bw: float, n_sm:
         print(f"  N={n:6d} K={k:5d} g={groups:2d} M={bucket:4d}  {ms * 1e3:8.1f} us ({best[bucket]['bw_share']:.0%})"
               f"  exact {exact * 1e3:8.1f}  bf16 {bf16 * 1e3:8.1f} ({best[bucket]['bf16_bw_share']:.0%})  "
               f"{c.kernel} bm{c.block_m} bn{c.block_n} bk{c.block_k} s{c.splits} w{c.num_warps} "
-              f"st{c.num_stages} q{int(c.quant_x)} f{c.in_flight}  err {err:.1e}", flush=True)
+              f"st{c.num_stages} q{int(c.quant_x)} f{c.in_flight} k{c.k_per_wait}  err {err:.1e}", flush=True)
     return best
 
 
