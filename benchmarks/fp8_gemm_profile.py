@@ -9,7 +9,8 @@ throughput for the launch the tuning table picks, or one given, on weights strea
 Without a profiler it prints the launch and its time (CUDA events over the copies, the tuner's method).
 --copies weight copies (each call reads another, so none is served from L2) are called in turn, --calls in all.
 --config kernel,block_m,block_n,splits,num_warps,num_stages,in_flight (x rounded by one launch; "triton" with a
-trailing ",q" rounds x in its prologue).
+trailing ",q" rounds x in its prologue; "wgmma_ws" with a trailing ",k2" or ",k4" issues 2 or 4 K steps' MMAs a
+wait).
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from tp_runtime.weights.fp8 import quantize_fp8
 
 
 def parse_config(text: str) -> Fp8GemmConfig:
-    """'kernel,block_m,block_n,splits,num_warps,num_stages,in_flight[,q]' -> the launch."""
+    """'kernel,block_m,block_n,splits,num_warps,num_stages,in_flight[,q][,kN]' -> the launch."""
     f = text.split(",")
-    if len(f) not in (7, 8) or (len(f) == 8 and f[7] != "q"):
-        raise argparse.ArgumentTypeError(f"--config {text!r}: kernel,block_m,block_n,splits,warps,stages,in_flight[,q]")
+    extra = f[7:]
+    if len(f) < 7 or any(e != "q" and not (e[:1] == "k" and e[1:].isdigit()) for e in extra):
+        raise argparse.ArgumentTypeError(f"--config {text!r}: kernel,block_m,block_n,splits,warps,stages,in_flight"
+                                         "[,q][,kN]")
     kernel, *ints = f[:7]
     bm, bn, splits, warps, stages, in_flight = (int(v) for v in ints)
-    return Fp8GemmConfig(kernel, bm, bn, splits, warps, stages, len(f) == 8, in_flight=in_flight)
+    kpw = next((int(e[1:]) for e in extra if e[:1] == "k"), 1)
+    return Fp8GemmConfig(kernel, bm, bn, splits, warps, stages, "q" in extra, in_flight=in_flight, k_per_wait=kpw)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -129,3 +129,8 @@ def test_fp8_gemm_profile_refuses_a_malformed_launch(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--config", "wgmma,64,64"])
     assert "kernel,block_m,block_n,splits,warps,stages,in_flight" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "wgmma_ws,64,64,1,4,6,1,x2"])
+    c = parse_args(["--config", "wgmma_ws,64,64,1,4,6,1,k2"]).config
+    assert (c.kernel, c.num_stages, c.k_per_wait, c.quant_x) == ("wgmma_ws", 6, 2, False)
+    assert parse_args(["--config", "triton,16,64,1,4,4,1,q"]).config.quant_x
