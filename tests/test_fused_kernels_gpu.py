@@ -100,12 +100,26 @@ def test_add_rms_norm_rounded_is_add_rms_norm_then_quantize_x(C, dtype):
         ref_h, ref_x = add_rms_norm(h, y, w, EPS)
         h_new, x, rx = add_rms_norm_rounded(h, y, w, EPS, h_out=h)
         assert h_new.data_ptr() == h.data_ptr() and torch.equal(h_new, ref_h) and torch.equal(x, ref_x)
-        mp = -(-T // ROUNDED_ROWS) * ROUNDED_ROWS
-        assert rx.q.shape == (mp, C) and rx.s.shape == (mp, -(-C // 128)) and (mp == 0 or rx.s.stride() == (1, mp))
-        q, sc = quantize_x_torch(torch.cat([x, x.new_zeros(mp - T, C)]))
-        assert torch.equal(rx.s, sc)
-        if not INTERPRET:  # the interpreter's fp32 -> e4m3 cast drops the carry into the next binade (31.1 -> 16)
-            assert torch.equal(rx.q.view(torch.uint8), q.view(torch.uint8))
+        check_rounded_as_quantize_x(rx, x)
+
+
+def check_rounded_as_quantize_x(r, y: torch.Tensor) -> None:
+    """r (a RoundedX of y [T, C]) is quantize_x's twin on y padded to ROUNDED_ROWS zero rows (codes 0, the floor's
+    scale), scales column-major: bitwise, but the codes only on a GPU (the interpreter's fp32 -> e4m3 cast drops the
+    carry into the next binade: 31.1 -> 16)."""
+    T, C = y.shape
+    mp = -(-T // ROUNDED_ROWS) * ROUNDED_ROWS
+    assert r.q.shape == (mp, C) and r.s.shape == (mp, -(-C // 128)) and (mp == 0 or r.s.stride() == (1, mp))
+    q, sc = quantize_x_torch(torch.cat([y, y.new_zeros(mp - T, C)]))
+    assert torch.equal(r.s, sc)
+    if not INTERPRET:
+        assert torch.equal(r.q.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_add_rms_norm_rounded_refuses_rows_under_one_block():
+    h = torch.randn(3, 64, device=DEV)
+    with pytest.raises(ValueError, match="128-wide"):
+        add_rms_norm_rounded(h, h.clone(), torch.ones(64, device=DEV), EPS)
 
 
 def test_add_rms_norm_in_place_and_bad_input():
@@ -162,12 +176,7 @@ def test_rms_norm_pair_rounded_is_the_pair_then_quantize_x(ca, cb, dtype):
         ya, yb, ra = rms_norm_pair_rounded(a, wa, b, wb, EPS)
         pa, pb = rms_norm_pair(a, wa, b, wb, EPS)
         assert torch.equal(ya, pa) and torch.equal(yb, pb)
-        mp = -(-T // ROUNDED_ROWS) * ROUNDED_ROWS
-        assert ra.q.shape == (mp, ca) and ra.s.shape == (mp, -(-ca // 128)) and (mp == 0 or ra.s.stride() == (1, mp))
-        q, sc = quantize_x_torch(torch.cat([ya, ya.new_zeros(mp - T, ca)]))
-        assert torch.equal(ra.s, sc)
-        if not INTERPRET:  # the interpreter's fp32 -> e4m3 cast drops the carry into the next binade (31.1 -> 16)
-            assert torch.equal(ra.q.view(torch.uint8), q.view(torch.uint8))
+        check_rounded_as_quantize_x(ra, ya)
 
 
 def test_rms_norm_pair_rounded_refuses_rows_under_one_block():
