@@ -1,7 +1,7 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
-sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the two Gluon kernels from
-M = 8 (one set of warps, or warp-specialized), the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the
+sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the two Gluon kernels (one
+set of warps, or warp-specialized), the GEMV at M = 1, cuBLASLt's block-scaled GEMM from M = 8) and writes the
 fastest into the table the Triton backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
@@ -62,6 +62,11 @@ TOL = 4e-3  # the same exact products summed in another fp32 order, each output 
 EXTRA_LAUNCH_MS = 0.5e-3
 
 
+# The GEMV's (rows, K step, warps): its fp32 product tile, rows x K step, at most 64 registers a thread (the weight
+# tile and the next step's, in flight, take as many again in e4m3 bytes).
+GEMV_TILES = [(bn, bk, w) for bn in (16, 32, 64) for bk in (256, 512, 1024) for w in (4, 8) if bn * bk <= 64 * 32 * w]
+
+
 def extra_launches(c: Fp8GemmConfig) -> int:
     """Launches the GEMM takes besides its own: one quantize launch unless x is rounded inside the kernel."""
     return 0 if c.kernel == "gemv" or (c.kernel == "triton" and c.quant_x) else 1
@@ -88,10 +93,10 @@ def mma_splits(bucket: int, n: int, kb: int, bm: int, bn: int, n_sm: int) -> lis
 def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
     """The launches tried at M = bucket."""
     kb, out = k // 128, []
-    if bucket == 1 and k % 128 == 0:  # the GEMV: rows x K step, K split to ~4 or ~8 programs per SM
-        for bn, bk in itertools.product((16, 32), (256, 512)):
-            for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (4, 8)}):
-                out.append(Fp8GemmConfig("gemv", 1, bn, s, 4, 3, True, bk))
+    if bucket == 1 and k % 128 == 0:  # the GEMV: rows x K step x warps, K split to ~2, 4 or 8 programs per SM
+        for bn, bk, warps in GEMV_TILES:
+            for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (2, 4, 8)}):
+                out.append(Fp8GemmConfig("gemv", 1, bn, s, warps, 3, True, bk))
     for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]):  # M tiles of one weight tile run together
         for bn in (64, 128):
             if (n // groups) % bn:
@@ -99,9 +104,9 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
             splits = mma_splits(bucket, n, kb, bm, bn, n_sm)
             for warps in ((4,) if bm <= 32 else (4, 8)):
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
-                    for quant in ((True,) if bucket <= 8 else (True, False)):
+                    for quant in (True, False):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
-    if bucket >= 8 and k % 128 == 0:
+    if k % 128 == 0:
         out += wgmma_candidates(bucket, n, k, groups, n_sm) + wgmma_ws_candidates(bucket, n, k, groups, n_sm)
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))

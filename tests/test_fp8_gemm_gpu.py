@@ -90,6 +90,8 @@ WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8
 # the warp-specialized kernel's (block_m, block_n, warps, stages, K steps a wait): one MMA warpgroup, or two each
 # taking half the weight rows (256: each its own scale block), rings of 4-8, 1 / 2 / 4 steps a wait (K splits of
 # 3 leave a last wait with steps past the split's end)
+# the GEMV's (rows, K step, warps): 1 to 8 scale blocks a step (K = 1000 ends inside one), 4 and 8 warps
+GEMV_TILES = [(16, 512, 4), (32, 256, 4), (16, 128, 4), (16, 1024, 8), (64, 256, 8), (32, 512, 8)]
 WS_TILES = [(16, 128, 4, 8, 4), (64, 64, 4, 6, 2), (128, 64, 4, 4, 1), (128, 128, 8, 4, 1), (32, 256, 8, 4, 2)]
 
 
@@ -97,7 +99,7 @@ WS_TILES = [(16, 128, 4, 8, 4), (64, 64, 4, 6, 2), (128, 64, 4, 4, 1), (128, 128
 @pytest.mark.parametrize("splits", [1, 3, 8])
 def test_every_launch_kind(quant_x, splits):
     # Both x paths, uneven K splits, 64- and 128-row tiles, M tiles over 128 rows, the Gluon kernel (M and N tails
-    # zero-filled by TMA, groups), the GEMV at M = 1 (16 or 32 rows, K steps of 1 to 4 blocks); K = 1000 ends
+    # zero-filled by TMA, groups), the GEMV at M = 1 (16 to 64 rows, K steps of 1 to 8 blocks); K = 1000 ends
     # inside a block (the Gluon launch falls back to the Triton kernel there).
     for n, k, groups in [(4096, 1024, 1), (2048, 4096, 2), (256, 1000, 1)]:
         q, s = _weights(n, k, splits)
@@ -114,9 +116,10 @@ def test_every_launch_kind(quant_x, splits):
                 c = Fp8GemmConfig("wgmma_ws", bm, bn, splits, warps, stages, False, k_per_wait=kpw)
                 for pdl in (False, True):
                     assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
-            for bn, bk in ((16, 512), (32, 256), (16, 128)) if m == 1 and quant_x else ():  # the GEMV rounding x
-                c = Fp8GemmConfig("gemv", 1, bn, splits, 4, 3, True, bk)
-                assert _err(fp8_gemm(x, q, s, groups, c), ref) < TOL, (n, k, m, c)
+            for bn, bk, warps in GEMV_TILES if m == 1 and quant_x else ():  # the GEMV rounding x, PDL or not
+                c = Fp8GemmConfig("gemv", 1, bn, splits, warps, 3, True, bk)
+                for pdl in (False, True):
+                    assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),

@@ -31,10 +31,13 @@ The Triton kernels also take bf16 weights (scale None), a reference in the bench
 they are slower than cuBLAS there, so bf16 weights go to cuBLAS: `grouped_linear` is one strided batched
 GEMM over views of x and of y, without copies.
 
-PDL (ops/kernel_support.py; `pdl=True`): the GEMV and tile kernels wait before their first load (x is the
-previous kernel's output; the split-K counters are reset by the previous GEMM) and trigger after their
-K loop, the last load of x and of the weight, before the partials are written and summed. cuBLAS
-(`grouped_linear`) takes no part: it launches without the attribute and its successor starts after it as usual.
+PDL (ops/kernel_support.py; `pdl=True`): the GEMV and tile kernels wait before their first load of anything a
+kernel may write (x is the previous kernel's output; the split-K counters are reset by the previous GEMM) and
+trigger after their K loop, the last load of x and of the weight, before the partials are written and summed.
+The GEMV loads its first weight tile before the wait: weights are no kernel's output within a step (they are
+written when the model is built, before its first step), so a PDL launch may read a weight early whenever the
+kernel launched just before it did not write that weight. cuBLAS (`grouped_linear`) takes no part: it launches
+without the attribute and its successor starts after it as usual.
 """
 
 from __future__ import annotations
@@ -271,14 +274,23 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
     # tile, reduced once at the end; x times the block scales, in fp32. ROUND_X: each 128 columns of x (a
     # multiple of them a step, counted from the group's first column) first become e4m3 values times their
     # power-of-two scale, exact in fp32, so every product is the exact product of the FP8 operands.
+    # The weight tiles go through registers one step ahead (Triton pipelines only the loads of dots): each
+    # step's products overlap the next step's load. The first is loaded before the PDL wait (no kernel of a
+    # step writes weights: module doc), so its DRAM latency overlaps the end of the kernel before.
     pid_n, split = tl.program_id(0), tl.program_id(1)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
+    w_rows = w_ptr + rn[:, None] * stride_wn
+    lo = split * STEPS
+    hi = tl.minimum(lo + STEPS, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_next = _weight_step(w_rows, lo, hi, rk, n_ok, K, BLOCK_K)
     pdl_wait(PDL)
-    for kb in range(split * STEPS, tl.minimum((split + 1) * STEPS, tl.cdiv(K, BLOCK_K))):
+    for kb in range(lo, hi):
+        w = w_next
+        w_next = _weight_step(w_rows, kb + 1, hi, rk, n_ok, K, BLOCK_K)
         kk = kb * BLOCK_K + rk
         k_ok = kk < K
         x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -288,11 +300,17 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
         if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
             v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
             x = x * tl.exp2(v.to(tl.float32) - 127.0)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        acc += w * x[None, :]
+        acc += w.to(tl.float32) * x[None, :]
     pdl_trigger(PDL)
     store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
+
+
+@jit
+def _weight_step(w_rows, kb, hi, rk, n_ok, K, BLOCK_K: tl.constexpr):
+    # The weight tile [BLOCK_N, BLOCK_K] of K step kb (rows w_rows [BLOCK_N, 1]), zeros past K, past N and from
+    # step hi on (the step after a split's last is loaded but never used).
+    kk = kb * BLOCK_K + rk
+    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ((kk < K) & (kb < hi))[None, :], other=0.0)
 
 
 @jit
