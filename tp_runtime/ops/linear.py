@@ -271,46 +271,53 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, s
                  PDL: tl.constexpr):
     # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
     # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
-    # tile, reduced once at the end; x times the block scales, in fp32. ROUND_X: each 128 columns of x (a
-    # multiple of them a step, counted from the group's first column) first become e4m3 values times their
-    # power-of-two scale, exact in fp32, so every product is the exact product of the FP8 operands.
-    # The weight tiles go through registers one step ahead (Triton pipelines only the loads of dots): each
-    # step's products overlap the next step's load. The first is loaded before the PDL wait (no kernel of a
-    # step writes weights: module doc), so its DRAM latency overlaps the end of the kernel before.
+    # tile, reduced once at the end. The first step's weight tile is loaded before the PDL wait (no kernel of
+    # a step writes weights: module doc), so its DRAM latency overlaps the end of the kernel before; that step
+    # runs before the loop.
     pid_n, split = tl.program_id(0), tl.program_id(1)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     w_rows = w_ptr + rn[:, None] * stride_wn
+    s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     lo = split * STEPS
     hi = tl.minimum(lo + STEPS, tl.cdiv(K, BLOCK_K))
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    w_next = _weight_step(w_rows, lo, hi, rk, n_ok, K, BLOCK_K)
+    w_first = _weight_step(w_rows, lo, rk, n_ok, K, BLOCK_K)
     pdl_wait(PDL)
-    for kb in range(lo, hi):
-        w = w_next
-        w_next = _weight_step(w_rows, kb + 1, hi, rk, n_ok, K, BLOCK_K)
-        kk = kb * BLOCK_K + rk
-        k_ok = kk < K
-        x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-        if ROUND_X:  # [BLOCK_K] as [BLOCK_K / 128, 128] blocks, each rounded with its own scale
-            q, sx = round_block(tl.reshape(x, (BLOCK_K // 128, 128)))
-            x = tl.reshape(q.to(tl.float32) * sx[:, None], (BLOCK_K,))
-        if HAS_SCALE:  # the tile's rows lie in one 128-row block: its scales, one per 128 columns, go on x
-            v = tl.load(s_ptr + (pid_n * BLOCK_N // 128) * stride_sn + kk // 128, mask=k_ok, other=127)
-            x = x * tl.exp2(v.to(tl.float32) - 127.0)
-        acc += w.to(tl.float32) * x[None, :]
+    acc = _gemv_step(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), w_first, x_ptr, s_row, lo, rk, K,
+                     HAS_SCALE, ROUND_X, BLOCK_K)
+    for kb in range(lo + 1, hi):
+        acc = _gemv_step(acc, _weight_step(w_rows, kb, rk, n_ok, K, BLOCK_K), x_ptr, s_row, kb, rk, K,
+                         HAS_SCALE, ROUND_X, BLOCK_K)
     pdl_trigger(PDL)
     store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
 
 
 @jit
-def _weight_step(w_rows, kb, hi, rk, n_ok, K, BLOCK_K: tl.constexpr):
-    # The weight tile [BLOCK_N, BLOCK_K] of K step kb (rows w_rows [BLOCK_N, 1]), zeros past K, past N and from
-    # step hi on (the step after a split's last is loaded but never used).
+def _weight_step(w_rows, kb, rk, n_ok, K, BLOCK_K: tl.constexpr):
+    # The GEMV's weight tile [BLOCK_N, BLOCK_K] of K step kb (rows w_rows [BLOCK_N, 1]), zeros past N and K (an
+    # empty split's one step lies past K).
     kk = kb * BLOCK_K + rk
-    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ((kk < K) & (kb < hi))[None, :], other=0.0)
+    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@jit
+def _gemv_step(acc, w, x_ptr, s_row, kb, rk, K, HAS_SCALE: tl.constexpr, ROUND_X: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    # acc [BLOCK_N, BLOCK_K] fp32 plus weight tile w times x's columns of K step kb (zeros past K), x times the
+    # block scales (s_row: the tile's 128-row block's, one per 128 columns), in fp32. ROUND_X: each 128 columns
+    # of x (a multiple of them a step, counted from the group's first column) first become e4m3 values times
+    # their power-of-two scale, exact in fp32, so every product is the exact product of the FP8 operands.
+    kk = kb * BLOCK_K + rk
+    k_ok = kk < K
+    x = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+    if ROUND_X:  # [BLOCK_K] as [BLOCK_K / 128, 128] blocks, each rounded with its own scale
+        q, sx = round_block(tl.reshape(x, (BLOCK_K // 128, 128)))
+        x = tl.reshape(q.to(tl.float32) * sx[:, None], (BLOCK_K,))
+    if HAS_SCALE:
+        x = x * tl.exp2(tl.load(s_row + kk // 128, mask=k_ok, other=127).to(tl.float32) - 127.0)
+    return acc + w.to(tl.float32) * x[None, :]
 
 
 @jit
