@@ -50,7 +50,7 @@ class Fp8GemmConfig(NamedTuple):
     kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block), wgmma's up to 256;
-    #               the GEMV's 16 or 32
+    #               the GEMV's 16, 32 or 64
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
