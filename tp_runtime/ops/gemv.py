@@ -55,7 +55,7 @@ from tp_runtime.ops.linear import k_splits, rows_of, store_or_sum, tile_counters
 # Flash dims cuBLAS wins nearly everywhere from M = 2; the Triton kernel wins at M = 1 on narrow shapes: wx of
 # window-only layers (1536 x 4096, 0.96x), wq_b and wo_b at tp 8 (4096 x 1024, 0.99x; 0.88x with PDL), and behind
 # q_norm wq_b at tp 8 (0.92x) and the indexer's wq_b (8192 x 1024, 0.92x; 0.84x with PDL).
-TRITON_GEMV_MAX_M: dict[tuple[int, int], int] = {(1536, 4096): 1, (4096, 1024): 1, (1024, 4096): 1, (2624, 4096): 1}
+TRITON_GEMV_MAX_M: dict[tuple[int, int], int] = {(1536, 4096): 1, (4096, 1024): 1}
 TRITON_GEMV_NORM_MAX_M: dict[tuple[int, int], int] = {(4096, 1024): 1, (8192, 1024): 1}
 
 
