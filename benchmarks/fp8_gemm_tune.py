@@ -1,8 +1,8 @@
 """Tunes the FP8 GEMM family (ops/fp8_gemm.py) on this GPU: for every FP8 weight one rank holds in the Flash and
 Pro stacks at tp 1, 2, 4 and 8, and every M bucket of ops/fp8_gemm_table.py, times the candidate launches (tile
 sizes, stages, warps, K splits, x rounded in the prologue or by one quantize launch, the two Gluon kernels from
-M = 8 (one set of warps, or warp-specialized), the two GEMVs at M = 1 (Triton's, and Gluon's fed by TMA),
-cuBLASLt's block-scaled GEMM) and writes the fastest into the table the Triton backend reads.
+M = 8 (one set of warps, or warp-specialized), the GEMV at M = 1, cuBLASLt's block-scaled GEMM) and writes the
+fastest into the table the Triton backend reads.
 
     python -m benchmarks.fp8_gemm_tune [--models v4_flash v4_pro] [--tp 1 8 2 4] [--budget-s 420] [--out DIR]
                                        [--merge TABLE [--only-missing]] [--buckets 1 2 ...] [--jobs N]
@@ -43,10 +43,9 @@ from tp_runtime.bench.measure import bandwidth
 from tp_runtime.bench.record_file import record_header, write_records
 from tp_runtime.config import load_config
 from tp_runtime.graph_timer import graph_timing
-from tp_runtime.ops.fp8_gemm import GEMV_KERNELS, Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
+from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, fp8_gemm, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, Fp8GemmTable, shape_key
 from tp_runtime.ops.fp8_gemm_wgmma import WS_MAX_TILE
-from tp_runtime.ops.fp8_gemv_tma import gemv_tma_fits
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import blockwise_scaled_mm_available, grouped_linear, k_splits, linear_triton
 from tp_runtime.paths import write_text_atomic
@@ -65,14 +64,11 @@ EXTRA_LAUNCH_MS = 0.5e-3
 
 # The GEMV's (rows, K step, warps): its fp32 product tile, rows x K step, at most 64 registers a thread.
 GEMV_TILES = [(bn, bk, w) for bn in (16, 32, 64) for bk in (256, 512, 1024) for w in (4, 8) if bn * bk <= 64 * 32 * w]
-# The TMA GEMV's (rows, stages, warps): rings of 16-64 KB of weight tiles [rows, 128] a program, a product tile of at
-# most 64 registers a thread
-GEMV_TMA_TILES = [(16, 8, 4), (32, 4, 4), (32, 8, 4), (64, 4, 4), (64, 8, 4), (64, 8, 8), (128, 4, 8)]
 
 
 def extra_launches(c: Fp8GemmConfig) -> int:
     """Launches the GEMM takes besides its own: one quantize launch unless x is rounded inside the kernel."""
-    return 0 if c.kernel in GEMV_KERNELS or (c.kernel == "triton" and c.quant_x) else 1
+    return 0 if c.kernel == "gemv" or (c.kernel == "triton" and c.quant_x) else 1
 
 
 def pick(timed: list[tuple[float, Fp8GemmConfig]]) -> tuple[float, Fp8GemmConfig]:
@@ -100,7 +96,6 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
         for bn, bk, warps in GEMV_TILES:
             for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (2, 4, 8)}):
                 out.append(Fp8GemmConfig("gemv", 1, bn, s, warps, 3, True, bk))
-        out += gemv_tma_candidates(n, k, groups, n_sm)
     for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]):  # M tiles of one weight tile run together
         for bn in (64, 128):
             if (n // groups) % bn:
@@ -114,16 +109,6 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
         out += wgmma_candidates(bucket, n, k, groups, n_sm) + wgmma_ws_candidates(bucket, n, k, groups, n_sm)
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
-    return out
-
-
-def gemv_tma_candidates(n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
-    """The TMA GEMV's launches (M = 1): GEMV_TMA_TILES that fit the weight, K split to ~2, 4 or 8 programs an SM."""
-    out = []
-    for bn, stages, warps in GEMV_TMA_TILES:
-        if gemv_tma_fits(n, k, groups, bn, warps):
-            for s in sorted({k_splits(1, n, k, bn, 128, n_sm, per_sm=p) for p in (2, 4, 8)}):
-                out.append(Fp8GemmConfig("gemv_tma", 1, bn, s, warps, stages, True))
     return out
 
 

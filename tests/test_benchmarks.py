@@ -134,26 +134,3 @@ def test_fp8_gemm_profile_refuses_a_malformed_launch(capsys):
     c = parse_args(["--config", "wgmma_ws,64,64,1,4,6,1,k2"]).config
     assert (c.kernel, c.num_stages, c.k_per_wait, c.quant_x) == ("wgmma_ws", 6, 2, False)
     assert parse_args(["--config", "triton,16,64,1,4,4,1,q"]).config.quant_x
-
-
-def test_fp8_gemm_tune_tma_gemv_candidates_fit():
-    # Every TMA GEMV launch the tuner tries at Flash's and Pro's shards: M = 1 only, a tile's rows inside one group
-    # and one scale block (4 rows a warp at least), a ring of at most 64 KB, x rounded in the kernel (no extra launch)
-    from benchmarks.fp8_gemm_tune import candidates, extra_launches
-    from tp_runtime.config import load_config
-    from tp_runtime.ops.fp8_gemv_tma import gemv_tma_fits
-    from tp_runtime.weights.specs import fp8_gemm_shapes
-
-    root = Path(__file__).resolve().parents[1]
-    seen = 0
-    for name in ("v4_flash", "v4_pro"):
-        for tp in (1, 2, 4, 8):
-            for n, k, groups in fp8_gemm_shapes(load_config(root / "configs" / f"{name}.yaml").model, tp).values():
-                assert not [c for c in candidates(8, n, k, groups, 132, False) if c.kernel == "gemv_tma"]
-                for c in candidates(1, n, k, groups, 132, False):
-                    if c.kernel == "gemv_tma":
-                        assert gemv_tma_fits(n, k, groups, c.block_n, c.num_warps) and c.block_m == 1, c
-                        assert c.num_stages * c.block_n * 128 <= 64 * 1024 and extra_launches(c) == 0, c
-                        assert 1 <= c.splits <= k // 128, c
-                        seen += 1
-    assert seen > 100

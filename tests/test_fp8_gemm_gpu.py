@@ -1,9 +1,8 @@
 """The FP8 GEMM family (ops/fp8_gemm.py) on a GPU: x rounded to e4m3 by the kernels bit for bit as the torch twin
 rounds it; every launch the tuning table holds, and the defaults, against the twin at every FP8 weight shape of
 Flash and Pro at tp 1 and 8 and M in {1, 3, 8, 33, 128, 256, 512}, with weight scales spanning orders of
-magnitude; the Gluon kernels (ops/fp8_gemm_wgmma.py) at every such shape from M = 8, and the TMA GEMV
-(ops/fp8_gemv_tma.py) at M = 1; split-K deterministic and the same in a CUDA graph; the backend's choice against
-the torch backend.
+magnitude; the Gluon kernel (ops/fp8_gemm_wgmma.py) at every such shape from M = 8; split-K deterministic and the
+same in a CUDA graph; the backend's choice against the torch backend.
 
 Run on a GPU machine: `pytest -m gpu tests/test_fp8_gemm_gpu.py`.
 """
@@ -94,8 +93,6 @@ WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8
 # the GEMV's (rows, K step, warps): 1 to 8 scale blocks a step (K = 1000 ends inside one), 4 and 8 warps
 GEMV_TILES = [(16, 512, 4), (32, 256, 4), (16, 128, 4), (16, 1024, 8), (64, 256, 8), (32, 512, 8)]
 WS_TILES = [(16, 128, 4, 8, 4), (64, 64, 4, 6, 2), (128, 64, 4, 4, 1), (128, 128, 8, 4, 1), (32, 256, 8, 4, 2)]
-# the TMA GEMV's (rows, stages, warps): rings shorter and longer than a program's K steps, 4 and 8 warps
-GEMV_TMA_TILES = [(16, 8, 4), (32, 4, 4), (64, 2, 4), (64, 8, 8), (128, 4, 8)]
 
 
 @pytest.mark.parametrize("quant_x", [True, False])
@@ -123,10 +120,6 @@ def test_every_launch_kind(quant_x, splits):
                 c = Fp8GemmConfig("gemv", 1, bn, splits, warps, 3, True, bk)
                 for pdl in (False, True):
                     assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
-            for bn, stages, warps in GEMV_TMA_TILES if m == 1 and quant_x else ():  # its TMA twin (K = 1000: the
-                c = Fp8GemmConfig("gemv_tma", 1, bn, splits, warps, stages, True)  # Triton GEMV instead)
-                for pdl in (False, True):
-                    assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
@@ -152,54 +145,6 @@ def test_gluon_launch_at_every_shape(n, k, groups):
             c = Fp8GemmConfig("wgmma_ws", bm, bn, 1 if m > 128 else 3, warps, stages, False, k_per_wait=kpw)
             y = fp8_gemm(x, q, s, groups, c, pdl=True)
             assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, m, c, _err(y, ref))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
-                    reason="the Gluon kernel needs a Hopper GPU")
-@pytest.mark.parametrize("n,k,groups", SHAPES)
-def test_tma_gemv_at_every_shape(n, k, groups):
-    # Every FP8 weight of Flash and Pro at tp 1 and 8 at M = 1: the TMA GEMV's tiles that fit, K split in 1, 3 and
-    # ~8 programs an SM's worth (an empty last split where the blocks run out), under PDL; x with blocks of
-    # magnitudes 2^-20 .. 2^10 and a zero block (the rounding's 1e-4 floor).
-    q, s = _weights(n, k, 5 * n + k)
-    g = torch.Generator(device="cuda").manual_seed(k)
-    x = torch.randn(1, groups * k, device="cuda", generator=g)
-    x *= 2.0 ** torch.randint(-20, 10, (1, groups * k // 128), device="cuda", generator=g).repeat_interleave(128, 1)
-    x[:, 128:256] = 0
-    x = x.to(torch.bfloat16)
-    ref = fp8_gemm_torch(x, q, s, groups)
-    for bn, stages, warps in GEMV_TMA_TILES:
-        for splits in sorted({1, 3, min(k // 128, -(-8 * 132 // (n // bn)))}):
-            c = Fp8GemmConfig("gemv_tma", 1, bn, splits, warps, stages, True)
-            y = fp8_gemm(x, q, s, groups, c, pdl=True)
-            assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, c, _err(y, ref))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
-                    reason="the Gluon kernel needs a Hopper GPU")
-def test_tma_gemv_chained_under_pdl_in_a_cuda_graph():
-    # The TMA GEMV requests its first weight tiles before the PDL wait: three chained GEMVs in one graph (each input
-    # the last one's output) check that x is still waited for; split-K partials summed in split order, so replays
-    # and eager calls are bitwise equal.
-    q, s = _weights(1536, 4096, 4)
-    q2, s2 = _weights(4096, 1536, 5)
-    x = torch.randn(1, 4096, device="cuda").to(torch.bfloat16)
-    c = Fp8GemmConfig("gemv_tma", 1, 32, 4, 4, 4, True)
-    c2 = c._replace(splits=3, block_n=64, num_stages=8)
-
-    def chain(pdl):
-        return fp8_gemm(fp8_gemm(fp8_gemm(x, q, s, 1, c, pdl), q2, s2, 1, c2, pdl), q, s, 1, c, pdl)
-
-    y0 = chain(False)
-    assert all(torch.equal(y0, chain(True)) for _ in range(3))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = chain(True)
-    graph.replay()
-    assert torch.equal(y, y0)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(y, chain(False)) and not torch.equal(y, y0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not blockwise_scaled_mm_available(torch.device("cuda")),

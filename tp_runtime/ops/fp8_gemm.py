@@ -19,8 +19,7 @@ of x again would cost more than that launch; or `rounded`, the same rounding mad
 ops/act_quant.py's RoundedX, which spares that launch). K is split over programs where the output tiles leave SMs
 idle: each writes an fp32 partial, the last of a tile to finish sums them in split order (deterministic) and stores
 y (ops/linear.py `_store_or_sum`). At M = 1 the GEMV of ops/linear.py (products on CUDA cores, no MMA padding) may
-run instead, rounding each 128 columns of x in its K loop: the same exact products, summed in another order; or its
-Gluon twin (ops/fp8_gemv_tma.py), whose weight tiles stream into shared memory by TMA, a ring of them per program. Which
+run instead, rounding each 128 columns of x in its K loop: the same exact products, summed in another order. Which
 kernel, tile sizes, stages, splits and x path a GEMM takes is read from the tuning table (ops/fp8_gemm_table.py),
 per weight shape and M bucket; cuBLASLt's block-scaled GEMM (`torch._scaled_mm` on the same rounded x) is one of the
 table's choices.
@@ -34,14 +33,11 @@ import torch
 
 from tp_runtime.ops.act_quant import BLOCK, RoundedX, quantize_x_torch, round_block
 from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, fp8_gemm_wgmma_ws, wgmma_fits
-from tp_runtime.ops.fp8_gemv_tma import fp8_gemv_tma, gemv_tma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
                                    scaled_mm_weight_scales, store_or_sum, tile_counters)
 
-GLUON_KERNELS = ("wgmma", "wgmma_ws", "gemv_tma")  # ops/fp8_gemm_wgmma.py's two kernels (one set of warps, or
-#                                                    warp-specialized) and ops/fp8_gemv_tma.py's GEMV
-GEMV_KERNELS = ("gemv", "gemv_tma")  # M = 1 only, x rounded in the K loop
+GLUON_KERNELS = ("wgmma", "wgmma_ws")  # ops/fp8_gemm_wgmma.py's two kernels: one set of warps, or warp-specialized
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
 
 
@@ -49,13 +45,12 @@ class Fp8GemmConfig(NamedTuple):
     """One launch of the family: the MMA kernel ("triton"), its Gluon twins in ops/fp8_gemm_wgmma.py (x rounded by
     one launch first, stages fed by TMA): one set of warps ("wgmma") or a loading warp and MMA warps
     ("wgmma_ws"); the GEMV ("gemv": M = 1, block_m 1, x rounded in its K loop), or cuBLASLt ("scaled_mm": the
-    other fields unused); at M = 1 the GEMV ("gemv", ops/linear.py: block_m 1, x rounded in its K loop) or its
-    Gluon twin fed by TMA ("gemv_tma", ops/fp8_gemv_tma.py: a ring of num_stages weight tiles a program)."""
+    other fields unused)."""
 
-    kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "gemv_tma" | "scaled_mm"
+    kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block), wgmma's up to 256;
-    #               the GEMVs' 16 to 128
+    #               the GEMV's 16, 32 or 64
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
@@ -106,13 +101,10 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     by a quantize_x launch first reads it instead (the same values)."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    if c.kernel in GEMV_KERNELS:
+    if c.kernel == "gemv":
         if m != 1:
             raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
-        if c.kernel == "gemv_tma" and gemv_tma_fits(n, k, groups, c.block_n, c.num_warps):
-            return _launch_gemv_tma(x2, qw, scale, groups, c, pdl).view(*x.shape[:-1], n)
-        bk = c.block_k if c.kernel == "gemv" else BLOCK  # (the Triton GEMV where the TMA one does not fit)
-        lc = LinearConfig(1, min(c.block_n, 64), bk, c.num_warps, 3, c.splits)
+        lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
     if c.kernel in GLUON_KERNELS and not wgmma_fits(n, k, groups, c.block_n):  # Triton's, in one scale block
         c = c._replace(kernel="triton", block_n=min(c.block_n, BLOCK))
@@ -132,18 +124,7 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
 def takes_rounded_x(c: Fp8GemmConfig, k: int) -> bool:
     """Whether launch c over K = k columns a group rounds x by a quantize_x launch first (so a RoundedX made by
     x's producer spares it); the GEMV and the Triton kernel with quant_x round x as they read it."""
-    return k % BLOCK == 0 and c.kernel not in GEMV_KERNELS and not (c.kernel == "triton" and c.quant_x)
-
-
-def _launch_gemv_tma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-                     pdl: bool) -> torch.Tensor:
-    # ops/fp8_gemv_tma.py's GEMV into a new y [1, N] (fp32 partials [splits, 1, N] where K is split)
-    n = qw.shape[0]
-    y = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    part = torch.empty(c.splits, 1, n, dtype=torch.float32, device=x2.device) if c.splits > 1 else y
-    counters = tile_counters(x2.device, triton.cdiv(n, c.block_n))
-    fp8_gemv_tma(x2, qw, scale, groups, c.block_n, c.splits, c.num_stages, c.num_warps, pdl, y, part, counters)
-    return y
+    return k % BLOCK == 0 and c.kernel != "gemv" and not (c.kernel == "triton" and c.quant_x)
 
 
 def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,

@@ -136,8 +136,8 @@ def k_splits(m: int, n: int, k: int, block_n: int, block_k: int, n_sm: int, bloc
     """Programs over K: until there are ~per_sm programs per SM, each with at least 2 K steps, and while the
     fp32 partials (written and read once: 8 bytes an output element per split) stay under the FP8 weight's
     bytes."""
-    tiles = -(-n // block_n) * -(-m // block_m)  # (plain integers: the tuner's candidates are listed without Triton)
-    return max(1, min(-(-per_sm * n_sm // tiles), -(-k // block_k) // 2, k // (8 * m)))
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    return max(1, min(triton.cdiv(per_sm * n_sm, tiles), triton.cdiv(k, block_k) // 2, k // (8 * m)))
 
 
 def _check_fits(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int, x: torch.Tensor) -> None:
