@@ -3,7 +3,8 @@
     python -m benchmarks.gemv_bf16 --out OUT.jsonl [--model v4_flash] [--tp 1 2 4 8] [--m 1 2 4 8 16 32] [--sweep]
 
 Shapes (N, K) of one rank at each tp: wx, the fused x projection of each layer kind (ratio 0 / 128 / 4:
-model/attention.py x_projections; K = hidden; behind attn_norm), wq_b (H*D/tp x Rq, behind q_norm), the
+model/attention.py x_projections; K = hidden; behind attn_norm), and with FP8 weights its bf16 part (the
+projections the checkpoint holds in bf16: model/attention.py x_gemms; x normed by the kernel before), wq_b (H*D/tp x Rq, behind q_norm), the
 indexer's wq_b (Ih*Id x Rq, behind q_norm), wo_b (hidden x G*Ro/tp, row-parallel, no norm). Replicated
 shapes are timed once and listed under every tp.
 
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from tp_runtime.bench.record_file import write_records
 from tp_runtime.config import load_config
 from tp_runtime.graph_timer import graph_timing, time_calls
-from tp_runtime.model.attention import x_projections
+from tp_runtime.model.attention import x_gemms, x_projections
 from tp_runtime.ops.gemv import GemvConfig, gemv, gemv_config
 from tp_runtime.ops.kernel_support import sm_count
 from tp_runtime.ops.linear import k_splits
@@ -55,6 +56,9 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, bool]]:
     m = load_config(ROOT / "configs" / f"{model}.yaml").model
     H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
     out = {f"wx r{r}": (sum(w for _, w in x_projections(m, r)), hid, True) for r in (0, 128, 4)}
+    for r in (128, 4):  # with FP8 weights: the projections of x the checkpoint holds in bf16, one GEMM (no norm)
+        out.update({f"wx r{r} bf16 part": (sum(w for _, w in rows), hid, False)
+                    for name, fp8, rows in x_gemms(m, r, fp8=True) if not fp8})
     out.update({"wq_b": (H * D // tp, Rq, True), "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, True),
                 "wo_b": (hid, G * Ro // tp, False)})
     return out
