@@ -4,8 +4,9 @@
 
 Shapes (N, K) of one rank at each tp: wx, the fused x projection of each layer kind (ratio 0 / 128 / 4:
 model/attention.py x_projections; K = hidden; behind attn_norm), and with FP8 weights its bf16 part (the
-projections the checkpoint holds in bf16: model/attention.py x_gemms; x normed by the kernel before), wq_b (H*D/tp x Rq, behind q_norm), the
-indexer's wq_b (Ih*Id x Rq, behind q_norm), wo_b (hidden x G*Ro/tp, row-parallel, no norm). Replicated
+projections the checkpoint holds in bf16: model/attention.py x_gemms; x normed by the kernel before), wq_b
+(H*D/tp x Rq, behind q_norm), the indexer's wq_b (Ih*Id x Rq, behind q_norm), wo_b (hidden x G*Ro/tp,
+row-parallel, no norm). Replicated
 shapes are timed once and listed under every tp.
 
 Variants per shape and M: cublas (F.linear), triton (`gemv`), triton_pdl (`gemv(pdl=True)`: successive
