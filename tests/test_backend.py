@@ -36,6 +36,7 @@ from tp_runtime.ops.select import KernelBackend, select_backend
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
 from tp_runtime.parallel.group import single_process
+from tp_runtime.weights.fill import init_seeded
 
 CPU = torch.device("cpu")
 METHODS = [n for n, v in vars(KernelBackend).items() if inspect.isfunction(v) and not n.startswith("_")]
@@ -214,6 +215,38 @@ def test_two_stream_schedule_gives_the_one_stream_values_bit_for_bit():
         if blk.attn.ratio:
             blk.attn.side = _OverlapInPlace()
     _assert_stacks_equal(one, two, torch.Generator().manual_seed(1))
+
+
+class _NoSideTorch(TorchBackend):
+    """The torch backend, as if its GEMMs shared state across streams: every GEMM of x stays in stage A."""
+
+    @staticmethod
+    def linear_stream_safe(m: int, n: int, k: int) -> bool:
+        return False
+
+
+def test_fp8_layers_side_branch_gemm_of_x_gives_the_stage_a_values_bit_for_bit():
+    # With FP8 weights the compressors' and the indexer's projections of x (bf16 in the checkpoint) are a GEMM of
+    # their own, which no product of the main branch reads: stage A leaves it to `compress`, on the side branch.
+    # The stacks' outputs (and so the compressed entries, indexer keys and picks) must not move against a stack
+    # that runs that GEMM in stage A; a field of StageA left unfilled on either path would raise or differ.
+    fp8_dims = ["model.hidden_size=256", "model.head_dim=128", "model.qk_rope_head_dim=64", "model.q_lora_rank=128",
+                "model.o_lora_rank=128", "model.index_head_dim=64"]  # FP8 matrices of whole 128 x 128 blocks
+    cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2",
+                             *fp8_dims])
+    side, inline = (ModelShard.build(cfg, single_process(CPU)) for _ in range(2))
+    for shard in (side, inline):
+        shard.stack = AttentionStack(cfg.model, single_process(CPU), cfg.runtime.max_len, torch.float32, CPU,
+                                     fp8=True)
+        init_seeded(shard.stack, 0)
+        for blk in shard.stack.layers.values():
+            blk.attn.side = _OverlapInPlace() if blk.attn.ratio else INLINE
+            blk.attn.backend = TorchBackend() if shard is side else _NoSideTorch()
+    for blk, other in zip(side.stack.layers.values(), inline.stack.layers.values()):
+        assert blk.attn.side_gemms(3) == (["wx"] if blk.attn.ratio else []) and not other.attn.side_gemms(3)
+        a = blk.attn.stage_a(torch.randn(3, cfg.model.hidden_size))
+        assert (a.side_x is not None) == bool(blk.attn.ratio) and a.comp_kv is None and a.idx_w is None
+    _assert_stacks_equal(side, inline, torch.Generator().manual_seed(3))
 
 
 # ------------------------------------------------------------------ q_norm as the GEMMs' prologue

@@ -57,6 +57,8 @@ class StageA(NamedTuple):
     idx_score: torch.Tensor | None
     qr_norm: RMSNorm | None = None  # q_norm, still to apply: each GEMM of qr takes it as its prologue
     qr_rounded: RoundedX | None = None  # qr rounded to e4m3 by q_norm's launch, for its FP8 GEMMs
+    side_x: torch.Tensor | None = None  # x [T, hidden] where the GEMMs of comp_* and idx_* (None until then) run in
+    #                                     `compress`, on the side branch (DSV4Attention.side_gemms)
 
 
 class Prepared(NamedTuple):
@@ -84,6 +86,9 @@ def x_projections(cfg: ModelConfig, ratio: int) -> list[tuple[str, int]]:
 
 
 FP8_X = ("wq_a", "wkv")  # the projections of x released in FP8
+MAIN_X = ("wq_a", "wkv")  # the projections of x the main branch reads (qr, kv); the rest feed the compressors
+AUX_X = {"comp_kv": "compressor.wkv", "comp_score": "compressor.wgate", "idx_w": "indexer.weights_proj",
+         "idx_kv": "indexer.compressor.wkv", "idx_score": "indexer.compressor.wgate"}  # StageA field -> projection
 
 
 def x_gemms(cfg: ModelConfig, ratio: int, fp8: bool) -> list[tuple[str, bool, list[tuple[str, int]]]]:
@@ -110,9 +115,8 @@ class DSV4Attention(nn.Module):
         self.rope_kind = "compressed" if ratio else "window"  # which rotary angles of the StepIndex
         self.backend = backend
         self.side: SideStream | Inline = side if side is not None and ratio else INLINE
-        # Every projection of x in one replicated GEMM (two with FP8 weights: x_gemms).
-        self.x_gemms = [(name, [w for _, w in rows]) for name, _, rows in x_gemms(cfg, ratio, fp8)]
-        self.x_names = [n for _, _, rows in x_gemms(cfg, ratio, fp8) for n, _ in rows]
+        # Every projection of x in one replicated GEMM (two with FP8 weights: x_gemms): (module, its projections)
+        self.x_gemms = [(name, rows) for name, _, rows in x_gemms(cfg, ratio, fp8)]
         for name, is_fp8, rows in x_gemms(cfg, ratio, fp8):
             self.add_module(name, ReplicatedLinear(cfg.hidden_size, sum(w for _, w in rows), dtype, device, backend,
                                                    is_fp8))
@@ -150,23 +154,40 @@ class DSV4Attention(nn.Module):
         gemms = [getattr(self, name) for name, _ in self.x_gemms]
         return [tuple(m.qweight.shape) for m in gemms if m.fp8 and m.round_x]
 
+    def side_gemms(self, t: int) -> list[str]:
+        """The GEMMs of x run on the side branch (in `compress`) at t rows: those none of whose projections the main
+        branch reads (with FP8 weights, the one of the projections the checkpoint holds in bf16, which only the
+        compressors and the indexer read), where the backend runs them without state shared across streams. There
+        they overlap the main branch's GEMMs of qr, whose launches leave bandwidth unused at decode sizes. t is the
+        capture size or the eager batch: a shape, not a step's value."""
+        mods = {name: getattr(self, name) for name, _ in self.x_gemms}
+        return [name for name, rows in self.x_gemms if not {n for n, _ in rows} & set(MAIN_X)
+                and not mods[name].fp8 and self.backend.linear_stream_safe(t, *mods[name].weight.shape)]
+
+    def project(self, x: torch.Tensor, gemms: list[str], x_rounded: RoundedX | None = None) -> dict[str, torch.Tensor]:
+        """x [T, hidden] through the GEMMs named -> {projection: a view [T, rows] of its GEMM's output}."""
+        y = {}
+        for name, rows in self.x_gemms:
+            if name in gemms:
+                y.update(zip([n for n, _ in rows], getattr(self, name)(x, rounded=x_rounded).split(
+                    [w for _, w in rows], dim=-1)))
+        return y
+
     def stage_a(self, x: torch.Tensor, x_rounded: RoundedX | None = None) -> StageA:
         """x [T, hidden] -> StageA; x_rounded: x's e4m3 rounding, for the FP8 GEMM of x."""
-        parts = [p for name, widths in self.x_gemms
-                 for p in getattr(self, name)(x, rounded=x_rounded).split(widths, dim=-1)]
-        y = dict(zip(self.x_names, parts))  # views of each GEMM's [T, rows] output
-        comp = (y["compressor.wkv"], y["compressor.wgate"]) if self.compressor else (None, None)
-        idx = ((y["indexer.weights_proj"], y["indexer.compressor.wkv"], y["indexer.compressor.wgate"])
-               if self.indexer else (None, None, None))
+        side = self.side_gemms(len(x))
+        y = self.project(x, [name for name, _ in self.x_gemms if name not in side], x_rounded)
+        aux = {f: y.get(n) for f, n in AUX_X.items()}  # (None where on the side branch or not in this layer kind)
+        kw = {"side_x": x if side else None}
         if self._q_norm_in_prologue(len(x)):  # wq_b and the indexer's wq_b each norm qr as they read it
-            return StageA(y["wq_a"], self.kv_norm(y["wkv"]), *comp, *idx, qr_norm=self.q_norm)
+            return StageA(y["wq_a"], self.kv_norm(y["wkv"]), **aux, qr_norm=self.q_norm, **kw)
         fp8_shapes = [m.qweight.shape for m in self._qr_readers() if m.fp8 and m.round_x]
         if fp8_shapes and self.backend.rounds_x_ahead(y["wq_a"], fp8_shapes):  # q_norm rounds qr for them
             qr, kv, qr_r = self.backend.rms_norm_pair_rounded(y["wq_a"], self.q_norm.weight, y["wkv"],
                                                               self.kv_norm.weight, self.eps)
-            return StageA(qr, kv, *comp, *idx, qr_rounded=qr_r)
+            return StageA(qr, kv, **aux, qr_rounded=qr_r, **kw)
         qr, kv = self.backend.rms_norm_pair(y["wq_a"], self.q_norm.weight, y["wkv"], self.kv_norm.weight, self.eps)
-        return StageA(qr, kv, *comp, *idx)
+        return StageA(qr, kv, **aux, **kw)
 
     def _qr_readers(self) -> list[nn.Module]:
         """The GEMMs that read qr: wq_b, and the indexer's wq_b at r = 4."""
@@ -184,7 +205,8 @@ class DSV4Attention(nn.Module):
         T tokens (n real: a host int), Hl heads of D dims, Ih indexer heads of Id dims, K picks.
 
           main stream                                   side stream (self.side)
-          fork --------------------------------------->   compressor: entries -> cache.compressed        r > 0
+          fork --------------------------------------->   the GEMMs of x left to it (a.side_x: FP8 weights)
+                                                           compressor: entries -> cache.compressed        r > 0
                                                            indexer compressor: keys -> cache.index_keys  r = 4
           wq_b: qr [T, Rq] -> q [T, Hl, D]                (q_norm as its prologue where a.qr_norm is set)
           indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4
@@ -198,8 +220,9 @@ class DSV4Attention(nn.Module):
           window ring write of kv, unless b.decode (after attention: a chunk's gathers read the ring's
             older rows, which its later tokens' stores would overwrite)
 
-        Every weight GEMM stays on the main stream: they are bound by memory bandwidth (two at once gain
-        little) and the FP8 GEMMs of one device share their split-K counters (ops/linear.py). With one
+        The weight GEMMs stay on the main stream but the side branch's GEMMs of x (`side_gemms`): at decode sizes
+        one GEMM at a time leaves bandwidth unused, but the Triton GEMMs of one device share their split-K
+        counters (ops/linear.py), so only GEMMs the backend runs without them go to the side. With one
         stream (self.side is Inline: CPU, runtime.streams=1, window-only layers) the side work runs in place
         in this order, and the heads launch also ropes idx_q: the same values, one launch fewer.
         """
@@ -207,7 +230,7 @@ class DSV4Attention(nn.Module):
         cis = b.ix.cis[self.rope_kind]  # [T, Dr/2] at each token's position
         side.fork()
         with side.branch():
-            self.compress(a, b, cache)
+            idx_w = self.compress(a, b, cache)
         q = self.query(a.qr, a.qr_norm, a.qr_rounded)
         idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         side.fork()
@@ -218,7 +241,7 @@ class DSV4Attention(nn.Module):
             picks = None
             if self.indexer is not None:
                 idx_q = self.backend.rotary(idx_q, cis) if side.overlaps else fused_idx_q
-                picks = self.indexer.select(idx_q, a.idx_w, b, cache)
+                picks = self.indexer.select(idx_q, idx_w, b, cache)
         side.join()
         self.attention(q, kv, picks, b, cache, out)
         if not b.decode:
@@ -232,8 +255,8 @@ class DSV4Attention(nn.Module):
         q = self.query(a.qr, a.qr_norm, a.qr_rounded)
         idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         q, kv, idx_q = self.backend.heads(q, a.kv, b.ix.cis[self.rope_kind], self.eps, cache.window.dtype, idx_q)
-        self.compress(a, b, cache)
-        return Prepared(q, kv, idx_q, a.idx_w)
+        idx_w = self.compress(a, b, cache)
+        return Prepared(q, kv, idx_q, idx_w)
 
     def attend(self, p: Prepared, live: LiveBatch, cache: LayerCache, out: torch.Tensor) -> None:
         """The narrow scope's break: top-K and the sparse attention, sized by host metadata."""
@@ -253,13 +276,18 @@ class DSV4Attention(nn.Module):
         D], unroped (a fresh buffer, which the Triton backend ropes in place)."""
         return self.wq_b(qr, qr_norm, rounded).view(len(qr), self.n_local_heads, self.D)
 
-    def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> None:
+    def compress(self, a: StageA, b: StepBatch, cache: LayerCache) -> torch.Tensor | None:
         """The compressors: this step's completed entries into cache.compressed (r > 0) and indexer keys
-        into cache.index_keys (r = 4; FP8 caches: their scales into cache.index_scales); device metadata only."""
+        into cache.index_keys (r = 4; FP8 caches: their scales into cache.index_scales); device metadata only.
+        First the GEMMs of x left to the side branch (a.side_x). Returns the indexer's head weights idx_w (r = 4)."""
+        if a.side_x is not None:
+            y = self.project(a.side_x, self.side_gemms(len(a.side_x)))
+            a = a._replace(**{f: y[n] for f, n in AUX_X.items() if n in y})
         if self.compressor is not None:
             self.compressor(a.comp_kv, a.comp_score, b, cache.comp_state, cache.compressed)
         if self.indexer is not None:
             self.indexer.prepare(a.idx_kv, a.idx_score, b, cache)
+        return a.idx_w
 
     def attention(self, q: torch.Tensor, kv: torch.Tensor, picks: torch.Tensor | None, b: StepBatch,
                   cache: LayerCache, out: torch.Tensor) -> None:

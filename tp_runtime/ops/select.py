@@ -67,6 +67,10 @@ class KernelBackend(Protocol):
         """Whether GEMMs of these [N, K] weights at m rows should each take x's RMSNorm as their prologue
         (rather than one norm launch whose output they all read)."""
 
+    def linear_stream_safe(self, m: int, n: int, k: int) -> bool:
+        """Whether `linear` at m rows of an [n, k] weight keeps no state shared with other launches (the
+        Triton GEMMs' split-K counters), so that it may run on a second stream beside them."""
+
     def heads(self, q: torch.Tensor, kv: torch.Tensor, cis: torch.Tensor, eps: float, kv_dtype: torch.dtype,
               idx_q: torch.Tensor | None = None, ring: tuple[torch.Tensor, "RingIndex"] | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

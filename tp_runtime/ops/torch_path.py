@@ -361,6 +361,11 @@ class TorchBackend:
         return gemv(x, weight, norm_weight, eps)
 
     @staticmethod
+    def linear_stream_safe(m: int, n: int, k: int) -> bool:
+        """Always: plain matmuls."""
+        return True
+
+    @staticmethod
     def norm_prologue(m: int, shapes: list[tuple[int, int]]) -> bool:
         """Never: the torch path normalizes x once for all of its GEMMs."""
         return False

@@ -106,6 +106,11 @@ class TritonBackend:
         return torch.nn.functional.linear(self.rms_norm(x, norm_weight, eps) if norm else x, weight)
 
     @staticmethod
+    def linear_stream_safe(m: int, n: int, k: int) -> bool:
+        """cuBLAS's GEMMs are; the Triton GEMV's are not (its split-K counters are the device's, ops/linear.py)."""
+        return not use_triton_gemv(m, n, k)
+
+    @staticmethod
     def norm_prologue(m: int, shapes: list[tuple[int, int]]) -> bool:
         """Whether every GEMM of `shapes` ([N, K] weights) at m rows takes the RMSNorm of its x as the GEMV's
         prologue (ops/gemv.py's norm table), so the normed x need never be written."""
