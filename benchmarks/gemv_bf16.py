@@ -58,8 +58,8 @@ def shapes(model: str, tp: int) -> dict[str, tuple[int, int, bool]]:
     H, D, G, Rq, Ro, hid = m.num_attention_heads, m.head_dim, m.o_groups, m.q_lora_rank, m.o_lora_rank, m.hidden_size
     out = {f"wx r{r}": (sum(w for _, w in x_projections(m, r)), hid, True) for r in (0, 128, 4)}
     for r in (128, 4):  # with FP8 weights: the projections of x the checkpoint holds in bf16, one GEMM (no norm)
-        out.update({f"wx r{r} bf16 part": (sum(w for _, w in rows), hid, False)
-                    for name, fp8, rows in x_gemms(m, r, fp8=True) if not fp8})
+        (rows,) = [rows for _, fp8, rows in x_gemms(m, r, fp8=True) if not fp8]
+        out[f"wx r{r} bf16 part"] = (sum(w for _, w in rows), hid, False)
     out.update({"wq_b": (H * D // tp, Rq, True), "indexer.wq_b": (m.index_n_heads * m.index_head_dim, Rq, True),
                 "wo_b": (hid, G * Ro // tp, False)})
     return out

@@ -33,6 +33,10 @@ KERNEL_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available
                                                     reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")]
 TINY = "configs/tiny.yaml"  # relative to REPO, the working directory of every CLI run
 TINY_PATH = str(REPO / TINY)  # for configs loaded inside the test process
+# Tiny-like dims whose FP8 matrices shard on whole 128-blocks at tp 1, 2 and 4 (q_lora_rank, wq_b rows
+# 8 x 128, wo_a rows 4 x 128, wo_b columns 512)
+FP8_DIMS = ["model.hidden_size=256", "model.head_dim=128", "model.qk_rope_head_dim=64", "model.q_lora_rank=128",
+            "model.o_lora_rank=128", "model.index_head_dim=64"]
 
 
 MARK = "TP_LAUNCH_TEST_MARK"  # every process a test starts carries it, however deep or re-parented

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_PATH as TINY
+from conftest import FP8_DIMS, TINY_PATH as TINY
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.engine.entry import in_process
 from tp_runtime.executor.plan import SeqChunk, StepPlan
@@ -230,10 +230,8 @@ def test_fp8_layers_side_branch_gemm_of_x_gives_the_stage_a_values_bit_for_bit()
     # their own, which no product of the main branch reads: stage A leaves it to `compress`, on the side branch.
     # The stacks' outputs (and so the compressed entries, indexer keys and picks) must not move against a stack
     # that runs that GEMM in stage A; a field of StageA left unfilled on either path would raise or differ.
-    fp8_dims = ["model.hidden_size=256", "model.head_dim=128", "model.qk_rope_head_dim=64", "model.q_lora_rank=128",
-                "model.o_lora_rank=128", "model.index_head_dim=64"]  # FP8 matrices of whole 128 x 128 blocks
     cfg = load_config(TINY, ["runtime.device=cpu", "parallel.tp=1", "runtime.max_len=128", "runtime.max_seqs=2",
-                             *fp8_dims])
+                             *FP8_DIMS])
     side, inline = (ModelShard.build(cfg, single_process(CPU)) for _ in range(2))
     for shard in (side, inline):
         shard.stack = AttentionStack(cfg.model, single_process(CPU), cfg.runtime.max_len, torch.float32, CPU,

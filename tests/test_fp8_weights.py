@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, TINY_PATH as TINY, run_cli
+from conftest import FP8_DIMS, ROOT, TINY_PATH as TINY, run_cli
 from tp_runtime.bench.roofline import step_bytes
 from tp_runtime.config import ConfigError, load_config
 from tp_runtime.memory_model import layer_weight_bytes
@@ -29,10 +29,7 @@ from tp_runtime.weights.specs import check_fp8_shards, model_specs
 
 CPU = torch.device("cpu")
 FLASH = ROOT / "configs" / "v4_flash.yaml"
-# Tiny-like dims whose FP8 matrices shard on whole 128-blocks at tp 1, 2 and 4 (q_lora_rank, wq_b rows
-# 8 x 128, wo_a rows 4 x 128, wo_b columns 512).
-SMALL = ["model.hidden_size=256", "model.head_dim=128", "model.qk_rope_head_dim=64", "model.q_lora_rank=128",
-         "model.o_lora_rank=128", "model.index_head_dim=64", "runtime.max_len=64"]
+SMALL = [*FP8_DIMS, "runtime.max_len=64"]
 
 
 def _stack(cfg, tp: int = 1, rank: int = 0, fp8: bool = True) -> AttentionStack:
