@@ -44,11 +44,25 @@ VARIANTS = {
     "radix": dict(select="radix", chunk=2048),  # the separate one-program-per-token select
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
     "split c1024": dict(select="split", chunk=1024, select_warps=8),  # runs of 1024 scores
+    # the score kernel's launch (the default's select): blocks in flight, key blocks of 128 on 8 warps, longer runs
+    "s2": dict(stages=2),
+    "s3": dict(stages=3),
+    "s4": dict(stages=4),
+    "s3 runs x2": dict(stages=3, run_scale=2),
+    "n128 w8 s3": dict(block_n=128, num_warps=8, stages=3),
+    "n128 w8 s4": dict(block_n=128, num_warps=8, stages=4),
 }
 
 
-def variant_config(name: str, batch: int, n_sm: int) -> TopkConfig:
-    return topk_config(batch, N_KEYS, n_sm)._replace(**VARIANTS[name])
+def variant_config(name: str, batch: int, n_sm: int, fp8: bool = False) -> TopkConfig:
+    """topk_config's choice (for FP8 keys where fp8) with VARIANTS[name] applied. A score program's run keeps the
+    default's keys where block_n changes (blocks scaled inversely); run_scale multiplies its blocks."""
+    cfg = topk_config(batch, N_KEYS, n_sm, fp8)
+    change = dict(VARIANTS[name])
+    blocks = cfg.blocks * change.pop("run_scale", 1)
+    if "block_n" in change:
+        blocks = max(1, blocks * cfg.block_n // change["block_n"])
+    return cfg._replace(blocks=blocks, **change)
 
 
 def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple[tuple, dict]:
@@ -75,9 +89,11 @@ def load_baseline(path: Path):
 
 
 def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm: int,
-          q_fp8: bool = False, base=None) -> list[dict]:
+          q_fp8: bool = False, base=None, variants: list[str] | None = None) -> list[dict]:
+    variants = variants or list(VARIANTS)
     args, keys_kw = inputs(batch, ctx, fp8, dev)
-    cfgs = {name: variant_config(name, batch, n_sm) for name in VARIANTS}
+    cfgs = {name: variant_config(name, batch, n_sm, fp8) for name in ["default"] + [v for v in variants
+                                                                                  if v != "default"]}
     ref = indexer_topk(*args, N_KEYS, K, config=cfgs["default"], q_fp8=q_fp8, **keys_kw).sort(dim=1).values
     rows = {}
     for name, cfg in cfgs.items():  # compile and check outside the timing
@@ -90,7 +106,7 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
             t = graph_timing(lambda c=cfg: indexer_topk(*args, N_KEYS, K, config=c, q_fp8=q_fp8, **keys_kw), dev,
                              budget_ms=(5, 30), flush_l2=True)
             rows[name]["samples_ms"].append(t.median_ms)
-        t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["radix"], **keys_kw), dev,
+        t = graph_timing(lambda: indexer_scores(*args, N_KEYS, q_fp8=q_fp8, config=cfgs["default"], **keys_kw), dev,
                          budget_ms=(5, 30), flush_l2=True)
         score["samples_ms"].append(t.median_ms)
         if base is not None:  # its own default configuration
@@ -109,7 +125,7 @@ def table(rows: list[dict], env: dict) -> str:
     names = list(dict.fromkeys(r["variant"] for r in rows))
     lines = [f"{env['device']}; max_len {MAX_LEN} ({N_KEYS} keys a token, context / 4 live); Flash dims "
              f"(Ih {IH}, Id {ID}, K {K}); graph replays, L2 flushed; median of {env['rounds']} interleaved rounds", "",
-             "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | radix / default | same sets |",
+             "| batch | ctx | keys | q | " + " | ".join(f"{n} us" for n in names) + " | best / default | same sets |",
              "|---|---|---|---|" + "---|" * (len(names) + 2)]
     by_point: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -118,7 +134,8 @@ def table(rows: list[dict], env: dict) -> str:
         differ = [n for n, x in v.items() if not x["same"]]
         same = "NO: " + ", ".join(differ) if differ else "yes"
         lines.append(f"| {b} | {c // 1024}K | {kf} | {qf} | " + " | ".join(f"{v[n]['us']:.1f}" for n in names) +
-                     f" | {v['radix']['us'] / v['default']['us']:.2f}x | {same} |")
+                     f" | {min(x['us'] for n, x in v.items() if 'score kernel' not in n) / v['default']['us']:.2f}x"
+                     f" | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
     ap.add_argument("--baseline", type=Path, help="another ops/indexer_topk.py, timed beside (its defaults)")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                    help="VARIANTS timed (the default always, first)")
     ap.add_argument("--indexer-q", nargs="+", choices=["bf16", "e4m3"], default=["bf16"],
                     help="query formats (runtime.indexer_q); e4m3 over FP8 keys times the FP8-dot score kernel")
     return ap.parse_args(argv)
@@ -146,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         for ctx in a.contexts:
             for fp8 in (False, True):
                 for iq in a.indexer_q:
-                    got = point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3", base=base)
+                    got = point(batch, ctx, fp8, a.rounds, dev, n_sm, q_fp8=iq == "e4m3", base=base,
+                                variants=a.variants)
                     rows += got
                     print(f"batch {batch} ctx {ctx} keys {'fp8' if fp8 else 'bf16'} q {iq}: "
                           + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in got)

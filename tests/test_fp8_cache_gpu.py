@@ -303,6 +303,25 @@ def test_fp8_topk_float_inputs(dtype):
     check_topk_fp8(fp8_keys(topk_case(nv, n_keys, dtype, seed=3, integer=False)), n_keys, k, exact=False)
 
 
+@pytest.mark.skipif(INTERPRET, reason="the interpreter sums fp16 and bf16 dots in different orders")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_key_scores_equal_the_decoded_keys_scores(dtype):
+    # Over FP8 keys the score kernel widens the codes to fp16, scales bf16 q per head into fp16's range and each
+    # sum by its key's scale (`_code_scores`). The scales are powers of two, so its scores are the kernel's over
+    # the decoded keys (exact in q's dtype), bit for bit. Heads' q spans 2^-12 .. 2^12, keys' scales 2^-10 .. 2^10.
+    n_keys = 4000
+    nv = [0, 1, 65, 511, 3000, n_keys, 9000]
+    q, w, keys, slot, nv_t = topk_case(nv, n_keys, dtype, seed=41, integer=False)
+    q = (q.float() * torch.logspace(-12, 12, q.shape[1], base=2.0, device=DEV)[None, :, None]).to(dtype)
+    keys = (keys.float() * torch.logspace(-10, 10, keys.shape[1], base=2.0, device=DEV)[None, :, None]).to(dtype)
+    codes, scales = quantize_keys(keys)
+    got = indexer_scores(q, w, codes, slot, nv_t, n_keys, key_scales=scales)
+    ref = indexer_scores(q, w, dequantize_keys(codes, scales).to(dtype), slot, nv_t, n_keys)
+    for t, n in enumerate(nv):
+        m = min(n, n_keys)
+        assert torch.equal(got[t, :m], ref[t, :m]), t
+
+
 def test_fp8_topk_small_heads():
     # tiny dims: 8 heads of 16 dims (16 code bytes and a scale a key), K = 8
     case = topk_case([0, 3, 9, 40, 128], 128, torch.float32, seed=5, integer=True, n_heads=8, dim=16)

@@ -30,7 +30,7 @@ from tp_runtime.ops.torch_path import sparse_attention_sink as sparse_attention_
 from tp_runtime.model.rope import RotaryTable
 from tp_runtime.model.step_index import ring_index
 from tp_runtime.ops import torch_path
-from tp_runtime.ops.cache_fp8 import round_keys
+from tp_runtime.ops.cache_fp8 import dequantize_keys, quantize_keys, round_keys
 
 triton = pytest.importorskip("triton")
 
@@ -353,6 +353,29 @@ def test_topk_float_inputs(dtype):
     # The two selects see the same scores (the score kernel is shared): identical sets, float ties or not.
     got = [indexer_topk(*case, n_keys, k, config=_config(len(nv), n_keys, select=s)) for s in SELECTS]
     assert all(torch.equal(got[0].sort(dim=1).values, g.sort(dim=1).values) for g in got[1:])
+
+
+# The score kernel's launches: 1-3 blocks of keys in flight (num_stages 2-4), 64-key blocks on 4 warps and 128-key
+# blocks on 8, runs of 1, 3 and 8 blocks; bf16 keys and FP8 ones (codes and scales). Integer inputs: every dot
+# and weighted sum is exact in fp32, so the kernel's scores equal the twin's bit for bit, whatever the order.
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("block_n,warps", [(64, 4), (128, 8)])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16_keys", "fp8_keys"])
+def test_indexer_scores_at_every_pipeline_depth_and_tile(stages, block_n, warps, fp8):
+    n_keys = 600 if INTERPRET else 4000
+    nv = [0, 1, 63, 64, 65, 127, 128, 129, 500, n_keys, 9000]
+    q, w, keys, slot, nv_t = topk_case(nv, n_keys, DTYPES[0], seed=31, integer=True)
+    kw, ref_keys = {}, keys
+    if fp8:
+        codes, scales = quantize_keys(keys)
+        keys, kw, ref_keys = codes, dict(key_scales=scales), dequantize_keys(codes, scales)
+    ref = _scores(q, w, ref_keys, slot, n_keys)
+    for blocks in (1, 3, 8):
+        cfg = _config(len(nv), n_keys, block_n=block_n, num_warps=warps, stages=stages, blocks=blocks)
+        got = indexer_scores(q, w, keys, slot, nv_t, n_keys, config=cfg, **kw)
+        for t, n in enumerate(nv):
+            m = min(n, n_keys)
+            assert torch.equal(got[t, :m], ref[t, :m]), (blocks, t)
 
 
 def test_topk_shapes_and_small_heads():

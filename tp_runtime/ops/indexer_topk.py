@@ -20,7 +20,13 @@ With FP8 keys (ops/cache_fp8.py: codes uint8 [slots, N, Id] and key_scales fp32 
 scale per key) the score kernel reads the codes in place through 16-byte-aligned row pointers (with Id a
 multiple of 16: the host computes the alignment from the code rows' strides, `row_align`, and the kernel
 promises it with tl.multiple_of, so the codes copy in 16-byte pieces) and the scales through a plain fp32
-pointer, and dequantizes in registers (exact in q's dtype).
+pointer. With a 16-bit q the dot takes the codes widened to fp16 in registers (one conversion per two codes,
+exact), q in fp16 (bf16 q times a power of two per head that puts its largest element in fp16's range, the
+head's weight times its inverse), and each key's scale multiplies its score (`_code_scores`): as every scale
+is a power of two, the scores are those of the decoded keys in q's dtype, bit for bit, where a head's elements
+lie within 2^28 of its largest. Decoding to bf16 (through fp32, times the scale: six instructions per two
+codes) made the kernel issue-bound: H200, batch 128 / 32K, 2.0 TB/s against 3.9 with bf16 keys
+(results/h200-2026-12-03-indexer-fp16-codes). An fp32 q takes the keys decoded in registers (exact).
 
 q_fp8 (runtime.indexer_q=e4m3, as DeepSeek's and vLLM's indexers): the score is that of q rounded as a key is
 stored, each head's q[t, h] to e4m3 with one power-of-two scale qs[h] (cache_fp8's rule and integer-exact
@@ -79,8 +85,8 @@ def _score_kernel(
     n_keys, K, scale,
     IH: tl.constexpr, ID: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, PRECISION: tl.constexpr, FP8: tl.constexpr,
-    Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, BINS: tl.constexpr, BINS_FROM: tl.constexpr, FUSED: tl.constexpr,
-    HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
+    CODES16: tl.constexpr, Q_FP8: tl.constexpr, ROW_ALIGN: tl.constexpr, BINS: tl.constexpr, BINS_FROM: tl.constexpr,
+    FUSED: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
     LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -96,6 +102,8 @@ def _score_kernel(
         w = tl.load(w_ptr + t * sw_t + h, mask=h < IH, other=0.0).to(tl.float32)  # [BLOCK_H]
         if Q_FP8:  # runtime.indexer_q=e4m3: each head's q rounded once for the run (FP8 keys: q becomes codes)
             q, w = _round_q(q, w, FP8)
+        elif CODES16:  # FP8 keys, 16-bit q: the dot takes the keys' codes widened to fp16, and q in fp16
+            q, w = _fp16_q(q, w)
         slot = tl.load(slot_ptr + t)
         base = k_ptr + slot * sk_slot
         scale_base = ks_ptr + slot * sks_slot  # FP8: the token's key scales
@@ -108,6 +116,8 @@ def _score_kernel(
             if FP8 and Q_FP8:
                 k_scale = _block_row(run_scales, (b0 - start) // BLOCK_N)  # [BLOCK_N]
                 score = _fp8_dot_scores(q, w, row, d, km, ID) * k_scale * scale  # [BLOCK_N]
+            elif CODES16:
+                score = _code_scores(q, w, row, scale_base + s, d, km, ID) * scale  # [BLOCK_N]
             else:
                 score = _dot_scores(q, w, row, scale_base + s, d, km, ID, FP8, PRECISION) * scale  # [BLOCK_N]
             tl.store(score_ptr + t * s_score + s, score, mask=km)
@@ -163,6 +173,35 @@ def _dot_scores(q, w, row, key_scale, d, km, ID: tl.constexpr, FP8: tl.constexpr
 
 
 @jit
+def _fp16_q(q, w):
+    """q [BLOCK_H, BLOCK_D] bf16 or fp16, w [BLOCK_H] -> (q in fp16, w fp32) with the same weighted relu sums
+    over codes (`_code_scores`). bf16: each head's q times 2^-e[h], which puts its largest |q| in [2^14, 2^15),
+    and w times 2^e[h]. Exact where a head's elements lie within 2^28 of its largest (fp16's normal range;
+    smaller ones keep fp16's subnormal precision): as the scales are powers of two, every product and partial
+    sum of the dot and of the weighted sum is the decoded path's, scaled."""
+    if q.dtype == tl.float16:
+        return q, w
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), axis=1)  # [BLOCK_H]
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141  # floor(log2(amax)) - 14
+    e = tl.where(amax == 0.0, 0, tl.minimum(tl.maximum(e, -126), 126))
+    return (qf * exp2_int(-e)[:, None]).to(tl.float16), w * exp2_int(e)
+
+
+@jit
+def _code_scores(q16, w, row, key_scale, d, km, ID: tl.constexpr):
+    """sum_h w[h] * relu(q16[h] . key[n]) [BLOCK_N] for FP8 keys at row pointers row [BLOCK_N] (their e4m3 codes;
+    key_scale [BLOCK_N]: fp32 pointers to their power-of-two scales), q16 [BLOCK_H, BLOCK_D] fp16 (`_fp16_q`):
+    the codes widened to fp16 (one conversion per two, exact) feed the dot, and each key's scale multiplies its
+    sum (relu(ks * x) = ks * relu(x), ks > 0 a power of two: the decoded path's value). Widening to fp16
+    costs one instruction per two codes where decoding to bf16 took six (through fp32, times the scale)."""
+    codes = tl.load(row[:, None] + d[None, :], mask=km[:, None] & (d < ID)[None, :], other=0)  # uint8
+    k = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)  # [BLOCK_N, BLOCK_D]
+    logits = tl.maximum(tl.dot(k, tl.trans(q16)), 0.0)  # [BLOCK_N, BLOCK_H]
+    return tl.sum(logits * w[None, :], axis=1) * tl.load(key_scale, mask=km, other=0.0)
+
+
+@jit
 def _fp8_dot_scores(q_codes, w, row, d, km, ID: tl.constexpr):
     """sum_h w[h] * relu(q_codes[h] . codes[n]) [BLOCK_N]: the FP8 dot of the e4m3 q codes [BLOCK_H, BLOCK_D]
     and the keys' e4m3 codes at row pointers row [BLOCK_N] as stored (no decode in registers: the async copies
@@ -199,12 +238,13 @@ class TopkConfig(NamedTuple):
     select: str = "fused"  # one of SELECTS (the module docstring)
     hi_bits: int = 12  # fused, split: width of the first digit (bins counted by the score programs)
     lo_bits: int = 8  # width of each later digit (regs: of every digit)
+    stages: int = 2  # of the score kernel's loop over its run (Triton's num_stages: stages - 1 blocks in flight)
 
 
 SELECTS = ("fused", "radix", "regs", "split")  # ops/topk_select.py
 
 
-def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
+def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False) -> TopkConfig:
     """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
     at least ~8 programs per SM remain (up to 8 blocks).
@@ -221,10 +261,16 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int) -> TopkConfig:
     The split select at 4K runs as regs does (one run: its keys in registers, no bins).
     In the decode step (43 Flash layers, results/h200-2026-12-03-select-runs) runs of 1024 took the indexer
     group at batch 1 / 32K from 0.729 to 0.606 ms but at 4K from 0.360 to 0.573 (batch 128 / 4K: 0.674 ->
-    0.862), and n_keys is the cache's capacity, not the live context, so no rule on n_keys takes both."""
+    0.862), and n_keys is the cache's capacity, not the live context, so no rule on n_keys takes both.
+    FP8 keys (fp8): the score kernel keeps two blocks of keys in flight (3 stages), bf16 keys one. H200, score +
+    select per layer, us, 2 stages against 3 (results/h200-2026-12-03-indexer-fp16-codes):
+    | keys | 128, 4K     | 128, 32K      | 256, 4K     | 256, 32K      |
+    | FP8  | 34.4 / 31.3 | 117.7 / 107.8 | 40.2 / 37.8 | 201.1 / 182.0 |
+    | bf16 | 32.9 / 29.9 | 116.2 / 116.7 | 42.3 / 45.1 | 203.9 / 201.3 |
+    (bf16 keys, batch 32 / 32K: 52.4 / 58.2.) A token's run of one block (batch 1) does not pipeline."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    return TopkConfig(64, blocks, 4, 2048, 8, "split")
+    return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=3 if fp8 else 2)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -244,7 +290,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     out = torch.empty(T, k, dtype=torch.long, device=q.device)
     if k == 0 or T == 0:
         return out.fill_(-1)
-    cfg = config or topk_config(T, n_keys, sm_count(q.device))
+    cfg = config or topk_config(T, n_keys, sm_count(q.device), keys.dtype == torch.uint8)
     assert cfg.select in SELECTS, cfg.select
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if cfg.select in ("fused", "split"):  # the first digit's bins and the arrival count: zeroed first, in stream
@@ -296,7 +342,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
     T = q.shape[0]
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if T and n_keys:
-        cfg = config or topk_config(T, n_keys, sm_count(q.device))
+        cfg = config or topk_config(T, n_keys, sm_count(q.device), keys.dtype == torch.uint8)
         _launch_scores(q, w, keys, key_scales, slot, n_valid, 0, cfg, False, q_fp8, scores)  # k: selects only
     return scores
 
@@ -332,7 +378,8 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_sca
         n_keys, k, idim ** -0.5 * ih ** -0.5,
         IH=ih, ID=idim, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_N=cfg.block_n, BLOCKS=cfg.blocks,
         BLOCKS_P2=triton.next_power_of_2(cfg.blocks),
-        PRECISION=precision, FP8=fp8, Q_FP8=q_fp8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
+        PRECISION=precision, FP8=fp8, CODES16=fp8 and not q_fp8 and q.dtype in (torch.bfloat16, torch.float16),
+        Q_FP8=q_fp8, ROW_ALIGN=row_align(keys.stride(0), keys.stride(1)),
         BINS=bins, BINS_FROM=bins_from, FUSED=fused is not None, HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits,
         LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.num_warps,
-        num_stages=2, launch_pdl=pdl)
+        num_stages=cfg.stages, launch_pdl=pdl)
