@@ -1,19 +1,20 @@
 """Time the indexer's score + top-K select (ops/indexer_topk.py) per variant, Flash dims, one decode token a sequence.
 
     python -m benchmarks.indexer_sweep OUT_DIR [--rounds 3] [--batches 1 32 128] [--contexts 4096 32768]
-        [--indexer-q bf16 e4m3] [--baseline FILE]
+        [--indexer-q bf16 e4m3] [--baseline FILE] [--variants default s3 ...]
 
 Per point (batch x context x key format: bf16, FP8 from ops/cache_fp8.quantize_keys x query: bf16, or e4m3 as
-runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kernel), the variants of
-VARIANTS below (topk_config's choice, "default", and the other selects), the score kernel alone (what the
-select adds is the rest) and, with --baseline, another ops/indexer_topk.py at its own defaults (its
-whole top-K and its score kernel: `git show REV:tp_runtime/ops/indexer_topk.py > FILE`; over FP8 keys it must
-take them as codes and key_scales, the layout since FP8 keys were split in two tensors). Sized from MAX_LEN
-(n_keys = MAX_LEN / 4 as the full graph runs it); each token has context / 4 live keys. Each variant is
-captured in a CUDA graph and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the
-variants are timed in turn, `rounds` times (interleaved, so drift hits all alike), and the median of the
-round medians is kept. Each variant's picks must equal the default's as sets (`same` in the table; the run
-fails otherwise). Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
+runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kernel), the variants of VARIANTS below
+(topk_config's choice for the key format, "default"; the other selects; the score kernel's launches: stages, tiles,
+run lengths), the default's score kernel alone (what the select adds is the rest) and, with --baseline, another
+ops/indexer_topk.py at its own defaults (its whole top-K and its score kernel: `git show
+REV:tp_runtime/ops/indexer_topk.py > FILE`; over FP8 keys it must take them as codes and key_scales, the layout
+since FP8 keys were split in two tensors). Sized from MAX_LEN (n_keys = MAX_LEN / 4 as the full graph runs it); each
+token has context / 4 live keys. Each variant is captured in a CUDA graph and its replays timed
+(tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in turn, `rounds` times
+(interleaved, so drift hits all alike), and the median of the round medians is kept. Each variant's picks must equal
+the default's as sets (`same` in the table; the run fails otherwise). Writes table.md and timings.jsonl
+(bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations
