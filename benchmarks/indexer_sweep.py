@@ -45,6 +45,12 @@ VARIANTS = {
     "radix": dict(select="radix", chunk=2048),  # the separate one-program-per-token select
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
     "split c1024": dict(select="split", chunk=1024, select_warps=8),  # runs of 1024 scores
+    # the split select's finish and registers: one sort of 512 slots (before sort sizes), at most 64 / 80 registers
+    # a thread (4 / 3 programs of 8 warps an SM; the default 72: 3), the compiler's choice (116: 2 an SM)
+    "sort 512": dict(sort_sizes=1),
+    "regs 64": dict(select_regs=64),
+    "regs 80": dict(select_regs=80),
+    "regs any": dict(select_regs=0),
     # the score kernel's launch (the default's select): blocks in flight, key blocks of 128 on 8 warps, longer runs
     "s2": dict(stages=2),
     "s3": dict(stages=3),

@@ -298,6 +298,31 @@ def test_topk_long_context(change):
     check_topk(case, n_keys, k, exact=True, config=_config(len(nv), n_keys, **change))
 
 
+def test_split_select_sorts_every_candidate_count():
+    # Float scores, first digits of 9 to 12 bits: the threshold bin holds from tens to about a thousand keys over
+    # these tokens (each range asserted below: the draws differ on the CPU and the GPU), so the split select
+    # sorts them in each of its sizes (128, 256, 512 slots) and lists more than 512 digit by digit. Its picks
+    # are the radix select's (the same scores: no near-tie may differ) and the torch twin's up to near-ties of
+    # the K-th score.
+    n_keys, k = 9236, 512
+    nv = [8192, 9236, 6000, 3000]
+    case = topk_case(nv, n_keys, torch.float32, seed=41, integer=False, n_heads=8, dim=16)
+    sc = _scores(*case[:4], n_keys)
+    counts = []
+    for hi_bits in (9, 10, 11, 12):
+        cfg = _config(len(nv), n_keys, select="split", hi_bits=hi_bits)
+        for t, n in enumerate(nv):
+            key = sc[t, :min(n, n_keys)].contiguous().view(torch.int32).long()
+            digit = (torch.where(key < 0, key ^ 0x7FFFFFFF, key) + 2 ** 31) >> (32 - hi_bits)
+            counts.append(int((digit == digit.sort(descending=True).values[k - 1]).sum()))
+        check_topk(case, n_keys, k, exact=False, config=cfg)
+        radix = indexer_topk(*case, n_keys, k, config=cfg._replace(select="radix", chunk=1024))
+        got = indexer_topk(*case, n_keys, k, config=cfg)
+        assert torch.equal(got.sort(dim=1).values, radix.sort(dim=1).values), hi_bits
+    for lo, hi in [(1, 128), (129, 256), (257, 512), (513, n_keys)]:
+        assert any(lo <= c <= hi for c in counts), (lo, hi, counts)
+
+
 # Register selects: 8-bit digits from 1024 scores up (the default), 11-bit digits (a last digit of 10) from 256
 # up with 4 warps (7 register sizes), 5-bit digits (a last of 2) with 16 warps.
 REGS_CONFIGS = [dict(select="regs"), dict(select="regs", lo_bits=11, chunk=256, select_warps=4),

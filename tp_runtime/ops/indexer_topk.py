@@ -67,8 +67,8 @@ import torch
 
 from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, load_keys, quantize_vectors
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
-from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, regs_select_kernel, select_token,
-                                        split_select_kernel)
+from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, regs_select_kernel,
+                                        select_token, split_select_kernel)
 
 
 @jit
@@ -239,6 +239,8 @@ class TopkConfig(NamedTuple):
     hi_bits: int = 12  # fused, split: width of the first digit (bins counted by the score programs)
     lo_bits: int = 8  # width of each later digit (regs: of every digit)
     stages: int = 2  # of the score kernel's loop over its run (Triton's num_stages: stages - 1 blocks in flight)
+    sort_sizes: int = 3  # split: threshold-bin keys sorted in the smallest of RANK_N >> (sort_sizes - 1) .. RANK_N
+    select_regs: int = 0  # split: registers a thread at most (ptxas's maxnreg; 0: the compiler's choice)
 
 
 SELECTS = ("fused", "radix", "regs", "split")  # ops/topk_select.py
@@ -272,7 +274,7 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False) -> Top
     (bf16 keys, batch 32 / 32K: 52.4 / 58.2.) A token's run of one block (batch 1) does not pipeline."""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
-    return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=3 if fp8 else 2)
+    return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=3 if fp8 else 2, select_regs=72)
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -333,7 +335,8 @@ def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tenso
         out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
         K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(cfg.chunk // min_n).bit_length(),
         HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk,
-        PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
+        SORT_SIZES=cfg.sort_sizes, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl,
+        **({"maxnreg": cfg.select_regs} if cfg.select_regs else {}))
 
 
 def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,

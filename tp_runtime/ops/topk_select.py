@@ -304,7 +304,7 @@ def split_select_kernel(
     n_keys, K, R,
     SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, MIN_N: tl.constexpr,
     LEVELS: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
+    SORT_SIZES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (t, r): run r (SLICE scores) of token t, against the threshold bin b of the first digit (its
     bins counted by the score kernel's programs): keys of higher bins listed as picks, those of bin b as
@@ -343,17 +343,18 @@ def split_select_kernel(
         if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == n_runs - 1:
             _split_finish(row, part_ptr + t * R * SLICE, cnt_ptr + t * R * 2, cand_ptr + t * s_cand, o_row, n,
                           want, b, n_runs, SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
-                          CHUNK)
+                          CHUNK, SORT_SIZES)
         pdl_trigger(PDL)
 
 
 @jit
 def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, SLICE: tl.constexpr,
                   R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
-                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr):
+                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, SORT_SIZES: tl.constexpr):
     """The token's picks from its runs' lists: every run's picks, in run order (one gather: fewer than K), then
-    `want` of the threshold bin's keys: sorted at once where at most RANK_N (by key, ties to the lower index),
-    else listed and resolved digit by digit as the fused select does."""
+    `want` of the threshold bin's keys: sorted at once where at most RANK_N (by key, ties to the lower index;
+    in the smallest of SORT_SIZES sizes that holds them, each its own code: a sort costs its size, 10 us at
+    512 on an H200, 4 at 256), else listed and resolved digit by digit as the fused select does."""
     runs = tl.arange(0, R_P2)
     rm = runs < n_runs
     c_gt = tl.load(cnt_row + runs * 2, mask=rm, other=0, cache_modifier=".cg")
@@ -365,16 +366,15 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
     runs_at = runs * SLICE
     p = tl.arange(0, K_P2)
     tl.store(o_row + p, _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken).to(tl.int64), mask=p < taken)
-    if n_cand <= RANK_N:
-        c = tl.arange(0, RANK_N)
-        cm = c < n_cand
-        idx = _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm)  # [RANK_N] in index order
-        key = _order_key32(tl.load(row + idx, mask=cm, other=0.0, cache_modifier=".cg"))  # [RANK_N] uint32
-        # one sort, largest first, of (key, then the lower index first): its first `want` are the picks
-        low = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - idx.to(tl.uint64)
-        order = tl.sort(tl.where(cm, (key.to(tl.uint64) << 32) | low, 0), descending=True)
-        picked = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - (order & 0xFFFFFFFF)
-        tl.store(o_row + taken + c, picked.to(tl.int64), mask=c < want)
+    if n_cand <= RANK_N:  # sorted in the smallest of RANK_N >> (SORT_SIZES - 1), .., RANK_N that holds them
+        for e in tl.static_range(SORT_SIZES):
+            if e == 0:
+                fits = n_cand <= (RANK_N >> (SORT_SIZES - 1))
+            else:
+                fits = (n_cand <= (RANK_N >> (SORT_SIZES - 1 - e))) & (n_cand > (RANK_N >> (SORT_SIZES - e)))
+            if fits:
+                _sort_listed(row, part_row, runs_at + SLICE - c_eq, s_eq, c_eq, o_row + taken, n_cand, want,
+                             RANK_N >> (SORT_SIZES - 1 - e))
     else:
         for c0 in range(0, n_cand, RANK_N):
             c = c0 + tl.arange(0, RANK_N)
@@ -382,3 +382,18 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
             tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
         tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
         _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
+
+
+@jit
+def _sort_listed(row, part_row, at, start, count, o_row, n_cand, want, N: tl.constexpr):
+    """The `want` largest of the n_cand <= N keys row[i] listed in the runs' lists (run r's count[r] entries
+    from part_row + at[r]; start: count's exclusive prefix sum), ties to the lower index, into o_row: one sort
+    of N slots, largest first, of (key, then the lower index first)."""
+    c = tl.arange(0, N)
+    cm = c < n_cand
+    idx = _run_lists(part_row, at, start, count, c, cm)  # [N] in index order
+    key = _order_key32(tl.load(row + idx, mask=cm, other=0.0, cache_modifier=".cg"))  # [N] uint32
+    low = tl.full([N], 0xFFFFFFFF, tl.uint64) - idx.to(tl.uint64)
+    order = tl.sort(tl.where(cm, (key.to(tl.uint64) << 32) | low, 0), descending=True)
+    picked = tl.full([N], 0xFFFFFFFF, tl.uint64) - (order & 0xFFFFFFFF)
+    tl.store(o_row + c, picked.to(tl.int64), mask=c < want)
