@@ -1,0 +1,428 @@
+"""Top-K selection over each token's indexer scores (Triton): the selects of ops/indexer_topk.py.
+
+The K largest of a token's n scores, ties to the lower index, -1 where fewer than K exist: a radix select on
+the scores' order-preserving 32-bit keys (`order_key`): find the K-th largest key digit by digit, then take
+every key above it and, of the keys equal to it, the lowest indices. Four selects (TopkConfig.select;
+`indexer_topk.topk_config` picks "split"). Each reads the score kernel's scratch rows of scores and, for
+"split" and "fused", the bins of the first digit its programs counted (the top HI_BITS bits).
+
+"split" (`split_select_kernel`, grid (T, runs of SLICE scores)): each program takes the threshold bin b
+(the bin of the K-th largest key, from the bins alone), lists its run's keys of higher bins (picks) and of
+bin b (candidates), each in index order, stores their counts and counts itself in (an acq_rel atomic after
+a barrier). The token's last run to count in (`_split_finish`) gathers every run's picks into place at once
+(positions by prefix sums: deterministic), then sorts the candidates, at most RANK_N of them (~1-2 % of
+8192 random scores), by key and then lower index, and takes the first ones it still needs; more
+candidates (heavy ties) are listed and resolved digit by digit as the fused select does. So no program
+walks a long context alone: at 32K a token's 8192 scores are walked by 4 programs. A token with at most
+SLICE keys (no bins were counted for it) is selected by its one program in registers, as "regs".
+
+"regs" (`regs_select_kernel`, grid (T,)): one program per token holds all its live scores in registers
+(sizes 1024, 2048, ..: each its own code, the smallest that holds n), digit passes of BITS bits by
+tl.histogram, stopping once the threshold digit's keys are all taken, then one pass that takes. Fastest
+where contexts are short; a histogram pass costs about a nanosecond a score on one SM, so at 32K it loses.
+
+"fused" (`select_token`, called by the score kernel's last program of a token): the bin b from the bins;
+one pass over the n scores (keys of higher bins to the picks, those of bin b to a list, both in index
+order); the later digits (LO_BITS each, the last what remains) by histograms over the listed keys only;
+the listed keys above the K-th taken and, of those equal to it, the lowest indices.
+
+"radix" (`radix_select_kernel`, grid (T,)): one program per token walks its n scores 5 times (4 passes of
+8-bit histograms, then a write pass).
+
+Every select writes 0 .. n-1 and -1 after them when n <= K, with no host branch. The picks come packed:
+valid indices first, then -1, in index order ("radix", "regs") or the keys of higher first-digit bins by
+index, then those of the threshold bin ("split", "fused").
+
+PDL (ops/kernel_support.py): each select kernel waits before its first load (the token's count, then the
+scores, bins and counts of the score kernel, which its wait orders it after) and triggers after its last
+load of them (at once where a token has no more than K keys). The split and fused selects' last programs
+read their own kernel's stores, ordered by the count's release and acquire.
+"""
+
+from __future__ import annotations
+
+from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl
+
+RANK_N = 512  # split: threshold-bin keys sorted at once up to this many
+
+
+@jit
+def order_key(score):
+    """fp32 -> int64 in [0, 2^32) with the order of the floats (-0.0 and +0.0 equal)."""
+    score = tl.where(score == 0.0, 0.0, score)
+    b = score.to(tl.int32, bitcast=True)
+    b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # signed order of the floats
+    return b.to(tl.int64) + 2147483647 + 1
+
+
+@jit
+def _threshold_digit(hist, want):
+    """hist [B]: counts of the candidate keys by digit -> (the digit of the want-th largest candidate, keys
+    still to take from that digit once the higher digits' keys are all taken)."""
+    bins = tl.arange(0, hist.shape[0])
+    above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0)  # keys in higher digits
+    d = tl.max(tl.where((above < want) & (above + hist >= want), bins, -1), axis=0)
+    return d, want - tl.sum(tl.where(bins == d, above, 0), axis=0)
+
+
+@jit
+def _digit_pass(row, cand_row, n_cand, prefix, want, HI: tl.constexpr, LO_BITS: tl.constexpr, CHUNK: tl.constexpr):
+    """The digit below bit HI (LO_BITS wide, or what remains) of the want-th largest listed key matching
+    prefix above HI: (prefix with it, keys still to take from those matching the longer prefix)."""
+    SHIFT: tl.constexpr = HI - LO_BITS if HI > LO_BITS else 0
+    hist = tl.zeros([1 << LO_BITS], tl.int32)
+    for c0 in range(0, n_cand, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        m = j < n_cand
+        idx = tl.load(cand_row + j, mask=m, other=0)  # [CHUNK] listed indices
+        key = order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=".cg"))
+        m = m & ((key >> HI) == (prefix >> HI))
+        hist += tl.histogram(((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32), 1 << LO_BITS, mask=m)
+    d, want = _threshold_digit(hist, want)
+    return prefix | (d.to(tl.int64) << SHIFT), want
+
+
+@jit
+def _take_all(o_row, n, K, CHUNK: tl.constexpr):
+    """A token with n <= K keys: every key's index in order, then -1 up to K."""
+    for i0 in range(0, K, CHUNK):
+        i = i0 + tl.arange(0, CHUNK)
+        tl.store(o_row + i, tl.where(i < n, i, -1).to(tl.int64), mask=i < K)
+
+
+@jit
+def _take(row, cand_row, o_row, n, prefix, want, LISTED: tl.constexpr, CACHE: tl.constexpr, CHUNK: tl.constexpr):
+    """The last pass of a select: keys above prefix are all taken; of those equal to it, the `want` of lowest
+    index. Their indices are stored from o_row on, in index order. The keys: row[cand_row[:n]] (LISTED: a list
+    in index order), else row[:n]; loaded with cache modifier CACHE."""
+    taken = 0
+    eq_seen = 0
+    for c0 in range(0, n, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        m = j < n
+        if LISTED:
+            idx = tl.load(cand_row + j, mask=m, other=0)
+        else:
+            idx = j
+        key = order_key(tl.load(row + idx, mask=m, other=0.0, cache_modifier=CACHE))
+        eq = (m & (key == prefix)).to(tl.int32)
+        eq_rank = eq_seen + tl.cumsum(eq, axis=0) - eq
+        sel = (m & (key > prefix)) | ((eq != 0) & (eq_rank < want))
+        si = sel.to(tl.int32)
+        tl.store(o_row + taken + tl.cumsum(si, axis=0) - si, idx.to(tl.int64), mask=sel)
+        taken += tl.sum(si, axis=0)
+        eq_seen += tl.sum(eq, axis=0)
+
+
+@jit
+def select_token(
+    row, hist_row, cand_row, o_row,  # one token's scores [n], first-digit bins [2^HI_BITS], list [n], picks [K]
+    n, K,
+    HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """The K picks of a token whose n scores and first-digit bins are in memory (the fused select)."""
+    if n <= K:
+        _take_all(o_row, n, K, CHUNK)
+    else:
+        b, want = _threshold_bin(hist_row, K, HI_BITS)  # the first digit's bin of the K-th largest key
+        # One pass over the scores: keys in higher bins are taken, those in bin b listed (both in index order).
+        taken = 0
+        n_cand = 0
+        for c0 in range(0, n, CHUNK):
+            j = c0 + tl.arange(0, CHUNK)
+            m = j < n
+            key = order_key(tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg"))
+            digit = (key >> (32 - HI_BITS)).to(tl.int32)
+            gt = (m & (digit > b)).to(tl.int32)
+            eq = (m & (digit == b)).to(tl.int32)
+            tl.store(o_row + taken + tl.cumsum(gt, axis=0) - gt, j.to(tl.int64), mask=gt != 0)
+            tl.store(cand_row + n_cand + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
+            taken += tl.sum(gt, axis=0)
+            n_cand += tl.sum(eq, axis=0)
+        tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
+        _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
+
+
+@jit
+def _take_listed(row, cand_row, o_row, n_cand, b, want, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr,
+                 LO_PASSES: tl.constexpr, CHUNK: tl.constexpr):
+    """`want` of the n_cand listed keys (row[cand_row[:n_cand]], in index order, all in first-digit bin b)
+    into o_row: the lower digits (LO_BITS each, the last one what remains) over the listed keys only, then
+    the keys above the K-th and, of those equal to it, the lowest indices."""
+    prefix = b.to(tl.int64) << (32 - HI_BITS)  # the K-th largest key's bits found so far
+    for p in tl.static_range(LO_PASSES):
+        prefix, want = _digit_pass(row, cand_row, n_cand, prefix, want, 32 - HI_BITS - LO_BITS * p, LO_BITS, CHUNK)
+    _take(row, cand_row, o_row, n_cand, prefix, want, True, ".cg", CHUNK)
+
+
+@jit
+def radix_select_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pdl_wait(PDL)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    row = score_ptr + t * s_score
+    o_row = out_ptr + t * s_out
+    if n <= K:
+        pdl_trigger(PDL)
+        _take_all(o_row, n, K, CHUNK)
+    else:
+        prefix = t.to(tl.int64) * 0  # the K-th largest key's bits found so far
+        want = K  # keys still to take from the keys matching prefix
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            hist = tl.zeros([256], tl.int32)
+            for c0 in range(0, n, CHUNK):
+                j = c0 + tl.arange(0, CHUNK)
+                m = j < n
+                key = order_key(tl.load(row + j, mask=m, other=0.0))
+                if p > 0:
+                    m = m & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=m)
+            b, want = _threshold_digit(hist, want)
+            prefix = prefix | (b.to(tl.int64) << shift)
+        _take(row, row, o_row, n, prefix, want, False, "", CHUNK)  # over every key (row: no list)
+        pdl_trigger(PDL)
+
+
+@jit
+def _order_key32(score):
+    """fp32 -> uint32 with the order of the floats (-0.0 and +0.0 equal): `order_key` in 32 bits."""
+    b = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+    b = tl.where(b < 0, b ^ 0x7FFFFFFF, b)  # signed order of the floats
+    return (b ^ -2147483648).to(tl.uint32, bitcast=True)  # the sign bit flipped: unsigned order
+
+
+@jit
+def _select_in_registers(row, o_row, n, K, N: tl.constexpr, BITS: tl.constexpr):
+    """The K picks of a token with K < n <= N scores at row, every key held in registers ([N], one load):
+    digit passes of BITS bits from the top (tl.histogram over the keys matching the bits found so far),
+    stopping early once the threshold digit's keys are all taken; then one pass takes the keys above the
+    threshold's known bits and, of those equal to them, the lowest indices (positions by prefix sums:
+    index order, as `_take` over every key)."""
+    PASSES: tl.constexpr = (32 + BITS - 1) // BITS
+    j = tl.arange(0, N)
+    live = j < n
+    key = _order_key32(tl.load(row + j, mask=live, other=0.0))  # [N] uint32
+    bins = tl.arange(0, 1 << BITS)
+    prefix = tl.zeros([], tl.uint32)  # the K-th largest key's bits found so far (above `low`)
+    low = tl.full([], 32, tl.int32)  # bits of the K-th largest key not yet known (-1 - low: stopped early)
+    want = K + tl.zeros([], tl.int32)  # keys still to take from those matching prefix's bits
+    for p in tl.static_range(PASSES):
+        HI = 32 - BITS * p  # this pass's digit: bits SHIFT .. HI - 1 (constexpr: p is)
+        SHIFT = HI - BITS if HI > BITS else 0
+        if low == HI:  # not stopped early
+            if p == 0:
+                match = live
+            else:
+                match = live & ((key >> HI) == (prefix >> HI))
+            digit = ((key >> SHIFT) & ((1 << (HI - SHIFT)) - 1)).to(tl.int32)
+            hist = tl.histogram(digit, 1 << BITS, mask=match)
+            d, want = _threshold_digit(hist, want)
+            prefix = prefix | (d.to(tl.uint32) << SHIFT)
+            low = tl.full([], SHIFT, tl.int32)
+            if tl.sum(tl.where(bins == d, hist, 0), axis=0) == want:  # every key of the digit is taken
+                low = tl.full([], -1 - SHIFT, tl.int32)  # stop
+    low = tl.where(low < 0, -1 - low, low).to(tl.uint32)
+    hi_key = key >> low
+    hi_pre = prefix >> low
+    eq = (live & (hi_key == hi_pre)).to(tl.int32)
+    sel = (live & (hi_key > hi_pre)) | ((eq != 0) & (tl.cumsum(eq, axis=0) - eq < want))
+    si = sel.to(tl.int32)
+    tl.store(o_row + tl.cumsum(si, axis=0) - si, j.to(tl.int64), mask=sel)
+
+
+@jit
+def _resolve_in_registers(key, idx, live, o_row, want, prefix, HI: tl.constexpr, BITS: tl.constexpr):
+    """The `want` largest of the live keys [N] uint32 (all alike above bit HI, as prefix is; idx [N] their
+    indices, ascending over the live ones), ties to the lower index, stored from o_row on in index order:
+    digit passes of BITS bits from bit HI down (tl.histogram over the keys matching the bits found so far),
+    stopping early once the threshold digit's keys are all taken; then one pass takes the keys above the
+    threshold's known bits and, of those equal to them, the lowest indices (positions by prefix sums)."""
+    PASSES: tl.constexpr = (HI + BITS - 1) // BITS
+    bins = tl.arange(0, 1 << BITS)
+    low = tl.full([], HI, tl.int32)  # bits of the K-th largest key not yet known (-1 - low: stopped early)
+    for p in tl.static_range(PASSES):
+        TOP = HI - BITS * p  # this pass's digit: bits SHIFT .. TOP - 1 (constexpr: p is)
+        SHIFT = TOP - BITS if TOP > BITS else 0
+        if low == TOP:  # not stopped early
+            if p == 0:
+                match = live
+            else:
+                match = live & ((key >> TOP) == (prefix >> TOP))
+            digit = ((key >> SHIFT) & ((1 << (TOP - SHIFT)) - 1)).to(tl.int32)
+            hist = tl.histogram(digit, 1 << BITS, mask=match)
+            d, want = _threshold_digit(hist, want)
+            prefix = prefix | (d.to(tl.uint32) << SHIFT)
+            low = tl.full([], SHIFT, tl.int32)
+            if tl.sum(tl.where(bins == d, hist, 0), axis=0) == want:  # every key of the digit is taken
+                low = tl.full([], -1 - SHIFT, tl.int32)  # stop
+    low = tl.where(low < 0, -1 - low, low).to(tl.uint32)
+    hi_key = key >> low
+    hi_pre = prefix >> low
+    eq = (live & (hi_key == hi_pre)).to(tl.int32)
+    sel = (live & (hi_key > hi_pre)) | ((eq != 0) & (tl.cumsum(eq, axis=0) - eq < want))
+    si = sel.to(tl.int32)
+    tl.store(o_row + tl.cumsum(si, axis=0) - si, idx.to(tl.int64), mask=sel)
+
+
+@jit
+def _select_in_register_sizes(row, o_row, n, K, MIN_N: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr):
+    """`_select_in_registers` (K < n <= MIN_N 2^(LEVELS - 1)) in the smallest of the sizes MIN_N, 2 MIN_N, ..
+    that holds n (each size its own code: a pass costs the registers' size, not the largest n)."""
+    for e in tl.static_range(LEVELS):
+        if e == 0:
+            fits = n <= MIN_N
+        else:
+            fits = (n <= (MIN_N << e)) & (n > (MIN_N << (e - 1)))
+        if fits:
+            _select_in_registers(row, o_row, n, K, MIN_N << e, BITS)
+
+
+@jit
+def regs_select_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K,
+    MIN_N: tl.constexpr, LEVELS: tl.constexpr, BITS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program a token; its scores in registers, in the smallest of the sizes MIN_N, 2 MIN_N, ..
+    MIN_N 2^(LEVELS - 1) that holds its live count (each size its own code: a pass costs the registers'
+    size, not n_keys)."""
+    t = tl.program_id(0)
+    pdl_wait(PDL)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    row = score_ptr + t * s_score
+    o_row = out_ptr + t * s_out
+    if n <= K:
+        pdl_trigger(PDL)
+        _take_all(o_row, n, K, MIN_N)
+    else:
+        _select_in_register_sizes(row, o_row, n, K, MIN_N, LEVELS, BITS)
+        pdl_trigger(PDL)
+
+
+@jit
+def _threshold_bin(hist_row, K, HI_BITS: tl.constexpr):
+    """From a token's first-digit bins [2^HI_BITS] (other programs' atomics: read from L2): (the bin b that
+    holds the K-th largest key, keys still to take from it)."""
+    return _threshold_digit(tl.load(hist_row + tl.arange(0, 1 << HI_BITS), cache_modifier=".cg"), K)
+
+
+@jit
+def _run_lists(part_row, at, start, count, pos, live):
+    """Entries pos [P] of the runs' lists joined in run order (run r's: count[r] entries from part_row + at[r];
+    start [R]: count's exclusive prefix sum) -> [P] int32, 0 where not live."""
+    end = start + count
+    r = tl.sum((end[None, :] <= pos[:, None]).to(tl.int32), axis=1)  # the runs ending at or before pos: its run
+    pick = tl.arange(0, start.shape[0])[None, :] == r[:, None]  # [P, R]
+    base = tl.sum(tl.where(pick, (at - start)[None, :], 0), axis=1)  # its list's offset less its first entry
+    return tl.load(part_row + base + pos, mask=live, other=0, cache_modifier=".cg")
+
+
+@jit
+def split_select_kernel(
+    score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
+    hist_ptr, s_hist,  # [T, 2^HI_BITS + 1] int32: the first digit's bins (the score kernel's), then arrivals
+    part_ptr,  # scratch [T, R, SLICE] int32: run r's picks from its start, its threshold-bin keys at its end
+    cnt_ptr,  # scratch [T, R, 2] int32: run r's counts of both
+    cand_ptr, s_cand,  # scratch [T, n_keys] int32 (the threshold bin's keys, where more than RANK_N)
+    nv_ptr,  # [T] long
+    out_ptr, s_out,  # [T, K] long
+    n_keys, K, R,
+    SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, MIN_N: tl.constexpr,
+    LEVELS: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
+    PDL: tl.constexpr, STOP: tl.constexpr, FINISH: tl.constexpr,
+):
+    """Program (t, r): run r (SLICE scores) of token t, against the threshold bin b of the first digit (its
+    bins counted by the score kernel's programs): keys of higher bins listed as picks, those of bin b as
+    candidates, both in index order, with their counts. The token's last run to arrive (an acq_rel count)
+    finishes (`_split_finish`)."""
+    t = tl.program_id(0)
+    r = tl.program_id(1)
+    start = r * SLICE
+    pdl_wait(PDL)
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    o_row = out_ptr + t * s_out
+    if n <= K:
+        if r == 0:
+            _take_all(o_row, n, K, CHUNK)
+        pdl_trigger(PDL)
+    elif n <= SLICE:  # one run (no bins were counted): its keys in registers, as the register select
+        if r == 0:
+            _select_in_register_sizes(score_ptr + t * s_score, o_row, n, K, MIN_N, LEVELS, LO_BITS)
+        pdl_trigger(PDL)
+    elif start < n:
+        row = score_ptr + t * s_score
+        b, want = _threshold_bin(hist_ptr + t * s_hist, K, HI_BITS)
+        if STOP == 1:
+            tl.store(cnt_ptr + (t * R + r) * 2, b + want)
+        else:
+            j = start + tl.arange(0, SLICE)
+            m = j < n
+            digit = (order_key(tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")) >> (32 - HI_BITS))
+            gt = (m & (digit > b)).to(tl.int32)
+            eq = (m & (digit == b)).to(tl.int32)
+            n_eq = tl.sum(eq, axis=0)
+            part = part_ptr + (t * R + r) * SLICE
+            tl.store(part + tl.cumsum(gt, axis=0) - gt, j, mask=gt != 0)
+            tl.store(part + SLICE - n_eq + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
+            tl.store(cnt_ptr + (t * R + r) * 2, tl.sum(gt, axis=0))
+            tl.store(cnt_ptr + (t * R + r) * 2 + 1, n_eq)
+            if STOP != 2:
+                tl.debug_barrier()  # every thread's stores of this program before the release
+                n_runs = tl.cdiv(n, SLICE)
+                if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == n_runs - 1:
+                    if STOP != 3:
+                        _split_finish(row, part_ptr + t * R * SLICE, cnt_ptr + t * R * 2, cand_ptr + t * s_cand,
+                                      o_row, n, want, b, n_runs, SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS,
+                                      LO_PASSES, CHUNK, FINISH)
+        pdl_trigger(PDL)
+
+
+@jit
+def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, SLICE: tl.constexpr,
+                  R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
+                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, FINISH: tl.constexpr):
+    """The token's picks from its runs' lists: every run's picks, in run order (one gather: fewer than K), then
+    `want` of the threshold bin's keys: sorted at once where at most RANK_N (by key, ties to the lower index),
+    else listed and resolved digit by digit as the fused select does."""
+    runs = tl.arange(0, R_P2)
+    rm = runs < n_runs
+    c_gt = tl.load(cnt_row + runs * 2, mask=rm, other=0, cache_modifier=".cg")
+    c_eq = tl.load(cnt_row + runs * 2 + 1, mask=rm, other=0, cache_modifier=".cg")
+    s_gt = tl.cumsum(c_gt, axis=0) - c_gt
+    s_eq = tl.cumsum(c_eq, axis=0) - c_eq
+    taken = tl.sum(c_gt, axis=0)
+    n_cand = tl.sum(c_eq, axis=0)
+    runs_at = runs * SLICE
+    p = tl.arange(0, K_P2)
+    tl.store(o_row + p, _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken).to(tl.int64), mask=p < taken)
+    if FINISH == 1:
+        pass
+    elif n_cand <= RANK_N:
+        c = tl.arange(0, RANK_N)
+        cm = c < n_cand
+        idx = _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm)  # [RANK_N] in index order
+        key = _order_key32(tl.load(row + idx, mask=cm, other=0.0, cache_modifier=".cg"))  # [RANK_N] uint32
+        if FINISH == 2:
+            _resolve_in_registers(key, idx, cm, o_row + taken, want, b.to(tl.uint32) << (32 - HI_BITS),
+                                  32 - HI_BITS, LO_BITS)
+        else:
+            low = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - idx.to(tl.uint64)
+            order = tl.sort(tl.where(cm, (key.to(tl.uint64) << 32) | low, 0), descending=True)
+            picked = tl.full([RANK_N], 0xFFFFFFFF, tl.uint64) - (order & 0xFFFFFFFF)
+            tl.store(o_row + taken + c, picked.to(tl.int64), mask=c < want)
+    else:
+        for c0 in range(0, n_cand, RANK_N):
+            c = c0 + tl.arange(0, RANK_N)
+            cm = c < n_cand
+            tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
+        tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
+        _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
