@@ -262,7 +262,14 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False) -> Top
     | 1 / 8 / 32 / 128, 4K | 20.9 / 24.8 / 30.7 / 46.0 | 20.0 / 21.1 / 26.3 / 38.7 | 13.0 / 15.7 / 20.6 / 33.9 | | |
     The split select at 4K runs as regs does (one run: its keys in registers, no bins).
     Remeasured (results/h200-2026-12-03-indexer-fp16-codes), the split select at batch 1 / 32K took 37.4 us,
-    and the file of the run above (d17e574) 37.1 in the same run: its 23.3 is not reproduced.
+    and the file of the run above (d17e574) 37.1 in the same run: its 23.3 is not reproduced. Half of its
+    select was one sort of 512 slots; sorted in 128-512 slots as the candidates need, and its kernel held to
+    72 registers (select_regs), score + select per layer (results/h200-2026-12-04-indexer-select-sorts), us:
+    | keys | 1, 32K      | 128, 32K      | 256, 32K      |
+    | bf16 | 37.0 / 22.4 | 119.2 / 114.2 | 202.6 / 200.1 |
+    | FP8  | 38.7 / 25.4 | 109.7 / 104.2 | 178.6 / 176.7 |
+    One program a token with its scores in registers (a "bins" select, not kept) lost everywhere (46.1 us at
+    batch 1 / 32K).
     In the decode step (43 Flash layers, results/h200-2026-12-03-select-runs) runs of 1024 took the indexer
     group at batch 1 / 32K from 0.729 to 0.606 ms but at 4K from 0.360 to 0.573 (batch 128 / 4K: 0.674 ->
     0.862), and n_keys is the cache's capacity, not the live context, so no rule on n_keys takes both.

@@ -10,9 +10,11 @@ every key above it and, of the keys equal to it, the lowest indices. Four select
 (the bin of the K-th largest key, from the bins alone), lists its run's keys of higher bins (picks) and of
 bin b (candidates), each in index order, stores their counts and counts itself in (an acq_rel atomic after
 a barrier). The token's last run to count in (`_split_finish`) gathers every run's picks into place at once
-(positions by prefix sums: deterministic), then sorts the candidates, at most RANK_N of them (~1-2 % of
-8192 random scores), by key and then lower index, and takes the first ones it still needs; more
-candidates (heavy ties) are listed and resolved digit by digit as the fused select does. So no program
+(positions by prefix sums: deterministic), then sorts the candidates, at most RANK_N of them (~1-5 % of
+8192 random scores), by key and then lower index, in the smallest of 128, 256 or 512 slots that holds them
+(a sort costs its slots: 10 us at 512 on an H200, half the select at batch 1), and takes the first ones it
+still needs; more candidates (heavy ties) are listed and resolved digit by digit as the fused select does
+(about 30 us). The kernel is held to TopkConfig.select_regs registers a thread (three programs an SM). So no program
 walks a long context alone: at 32K a token's 8192 scores are walked by 4 programs. A token with at most
 SLICE keys (no bins were counted for it) is selected by its one program in registers, as "regs".
 
