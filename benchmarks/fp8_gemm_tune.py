@@ -64,18 +64,11 @@ EXTRA_LAUNCH_MS = 0.5e-3
 
 # The GEMV's (rows, K step, warps): its fp32 product tile, rows x K step, at most 64 registers a thread.
 GEMV_TILES = [(bn, bk, w) for bn in (16, 32, 64) for bk in (256, 512, 1024) for w in (4, 8) if bn * bk <= 64 * 32 * w]
-# The TMA-fed GEMV's (rows, K step, warps): 4 to 32 KB a stage (8 warps from 16 KB), at least as many rows as
-# its warps' lanes span (ops/fp8_gemv_tma.py: 8 lanes a 128-column block, up to 4 blocks a warp); rings of about
-# 64 or 128 KB of shared memory (two or three programs an SM then hold 128 - 200 KB in flight).
-GEMV_TMA_TILES = [(bn, bk, w) for bn in (16, 32, 64, 128) for bk in (128, 256, 512, 1024) for w in (4, 8)
-                  if 4096 <= bn * bk <= 32768 and (w == 4 or bn * bk >= 16384)
-                  and bn >= 4 // min(4, bk // 128) * w]
-GEMV_TMA_RING = (64 << 10, 128 << 10)
 
 
 def extra_launches(c: Fp8GemmConfig) -> int:
     """Launches the GEMM takes besides its own: one quantize launch unless x is rounded inside the kernel."""
-    return 0 if c.kernel in ("gemv", "gemv_tma") or (c.kernel == "triton" and c.quant_x) else 1
+    return 0 if c.kernel == "gemv" or (c.kernel == "triton" and c.quant_x) else 1
 
 
 def pick(timed: list[tuple[float, Fp8GemmConfig]]) -> tuple[float, Fp8GemmConfig]:
@@ -96,15 +89,13 @@ def mma_splits(bucket: int, n: int, kb: int, bm: int, bn: int, n_sm: int) -> lis
     return sorted({s for s in (1, base, 2 * base) if s == 1 or s <= kb // 2})
 
 
-def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool, gluon: bool = True,
-               ) -> list[Fp8GemmConfig]:
-    """The launches tried at M = bucket (gluon: with the Gluon kernels)."""
+def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool) -> list[Fp8GemmConfig]:
+    """The launches tried at M = bucket."""
     kb, out = k // 128, []
     if bucket == 1 and k % 128 == 0:  # the GEMV: rows x K step x warps, K split to ~2, 4 or 8 programs per SM
         for bn, bk, warps in GEMV_TILES:
             for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (2, 4, 8)}):
                 out.append(Fp8GemmConfig("gemv", 1, bn, s, warps, 3, True, bk))
-        out += gemv_tma_candidates(n, k, groups, n_sm) if gluon else []
     for bm in ([max(16, bucket)] if bucket <= 64 else [64, 128]):  # M tiles of one weight tile run together
         for bn in (64, 128):
             if (n // groups) % bn:
@@ -114,25 +105,10 @@ def candidates(bucket: int, n: int, k: int, groups: int, n_sm: int, cublas: bool
                 for stages in ((4, 6) if bm <= 32 else (3, 4)):
                     for quant in (True, False):
                         out += [Fp8GemmConfig("triton", bm, bn, s, warps, stages, quant) for s in splits]
-    if gluon and bucket >= 8 and k % 128 == 0:  # (at M = 1 they measured 1.06-1.54x the best launch of every Flash
-        #                                         weight)
+    if bucket >= 8 and k % 128 == 0:  # (at M = 1 they measured 1.06-1.54x the best launch of every Flash weight)
         out += wgmma_candidates(bucket, n, k, groups, n_sm) + wgmma_ws_candidates(bucket, n, k, groups, n_sm)
     if cublas and groups == 1 and bucket >= 8:
         out.append(Fp8GemmConfig("scaled_mm", 0, 0, 1, 0, 0, False))
-    return out
-
-
-def gemv_tma_candidates(n: int, k: int, groups: int, n_sm: int) -> list[Fp8GemmConfig]:
-    """The TMA-fed GEMV's launches: GEMV_TMA_TILES whose rows lie in one group, K steps no longer than K, rings of
-    GEMV_TMA_RING bytes (at least 2 stages), K split for about 2 or 4 programs an SM."""
-    out = []
-    for bn, bk, warps in GEMV_TMA_TILES:
-        if (n // groups) % bn or bk > k:
-            continue
-        for ring in GEMV_TMA_RING:
-            stages = max(2, min(8, ring // (bn * bk)))
-            for s in sorted({k_splits(1, n, k, bn, bk, n_sm, per_sm=p) for p in (2, 4)}):
-                out.append(Fp8GemmConfig("gemv_tma", 1, bn, s, warps, stages, True, bk))
     return out
 
 

@@ -17,7 +17,6 @@ from tp_runtime.ops.act_quant import e4m3_exponents_torch, quantize_x_torch
 from tp_runtime.ops.fp8_gemm import Fp8GemmConfig, default_config, fp8_gemm_torch
 from tp_runtime.ops.fp8_gemm_table import M_BUCKETS, TABLE_PATH, Fp8GemmTable, m_bucket, shape_key
 from tp_runtime.ops.fp8_gemm_wgmma import WS_MAX_TILE, wgmma_fits
-from tp_runtime.ops.fp8_gemv_tma import gemv_tma_fits
 from tp_runtime.ops.linear import dequantize
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.weights.fp8 import quantize_fp8
@@ -111,7 +110,7 @@ def test_the_committed_table_covers_flash_and_pro_at_tp_1_2_4_and_8():
                 by_m = table.entries[shape_key(n, k, groups)]
                 assert sorted(by_m) == list(M_BUCKETS)
                 for bucket, c in by_m.items():
-                    assert c.kernel in ("triton", "wgmma", "wgmma_ws", "gemv", "gemv_tma", "scaled_mm")
+                    assert c.kernel in ("triton", "wgmma", "wgmma_ws", "gemv", "scaled_mm")
                     if c.kernel == "triton":
                         assert (n // groups) % c.block_n == 0 and c.block_m >= 16 and c.block_k == 128
                     if c.kernel == "wgmma":  # whole K blocks, a tile's rows in one group, x rounded by one launch
@@ -122,6 +121,3 @@ def test_the_committed_table_covers_flash_and_pro_at_tp_1_2_4_and_8():
                         assert c.block_n * c.block_m <= WS_MAX_TILE * c.num_warps // 4 and not c.quant_x
                     if c.kernel == "gemv":  # one row, whole 128-column blocks a K step
                         assert bucket == 1 and c.block_m == 1 and c.block_k % 128 == 0
-                    if c.kernel == "gemv_tma":  # the same, a tile's rows in one group and one scale block
-                        assert bucket == 1 and c.block_k % 128 == 0 and gemv_tma_fits(n, k, groups, c.block_n)
-                        assert c.num_stages >= 2

@@ -2,8 +2,7 @@
 rounds it; every launch the tuning table holds, and the defaults, against the twin at every FP8 weight shape of
 Flash and Pro at tp 1 and 8 and M in {1, 3, 8, 33, 128, 256, 512}, with weight scales spanning orders of
 magnitude; the Gluon kernel (ops/fp8_gemm_wgmma.py) at every such shape from M = 8; split-K deterministic and the
-same in a CUDA graph; the backend's choice against the torch backend; the TMA-fed GEMV (ops/fp8_gemv_tma.py) at
-every such shape at M = 1, x rounded in its loop bit for bit as the twin rounds it.
+same in a CUDA graph; the backend's choice against the torch backend.
 
 Run on a GPU machine: `pytest -m gpu tests/test_fp8_gemm_gpu.py`.
 """
@@ -94,10 +93,6 @@ WGMMA_TILES = [(1, 16, 128, 4), (1, 64, 64, 4), (1, 32, 256, 8), (0, 128, 128, 8
 # the GEMV's (rows, K step, warps): 1 to 8 scale blocks a step (K = 1000 ends inside one), 4 and 8 warps
 GEMV_TILES = [(16, 512, 4), (32, 256, 4), (16, 128, 4), (16, 1024, 8), (64, 256, 8), (32, 512, 8)]
 WS_TILES = [(16, 128, 4, 8, 4), (64, 64, 4, 6, 2), (128, 64, 4, 4, 1), (128, 128, 8, 4, 1), (32, 256, 8, 4, 2)]
-# the TMA-fed GEMV's (rows, K step, warps, stages): 1 to 8 blocks a step (a warp's lanes over 1, 2 or 4 of them, or
-# twice over 4), rings of 2 to 8 stages (fewer stages than a split's steps, and more)
-GEMV_TMA_TILES = [(16, 512, 4, 8), (32, 256, 4, 4), (64, 128, 4, 2), (16, 1024, 8, 3), (128, 256, 8, 2),
-                  (32, 128, 8, 6)]
 
 
 @pytest.mark.parametrize("quant_x", [True, False])
@@ -125,57 +120,6 @@ def test_every_launch_kind(quant_x, splits):
                 c = Fp8GemmConfig("gemv", 1, bn, splits, warps, 3, True, bk)
                 for pdl in (False, True):
                     assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
-            for bn, bk, warps, stages in GEMV_TMA_TILES if m == 1 and quant_x else ():  # (K = 1000: Triton's GEMV)
-                c = Fp8GemmConfig("gemv_tma", 1, bn, splits, warps, stages, True, bk)
-                for pdl in (False, True):
-                    assert _err(fp8_gemm(x, q, s, groups, c, pdl), ref) < TOL, (n, k, m, c, pdl)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
-                    reason="the Gluon kernels need a Hopper GPU")
-def test_gemv_tma_rounds_x_as_the_twin_and_sums_exact_products():
-    # x whose blocks hit the rounding's edges (all zeros: the 1e-4 floor; amax exactly 448 * 2^k; just above it)
-    # and span 12 decades, times one-hot weight rows: each output is one rounded x value, so y equals the twin's
-    # rounding exactly (bf16 holds e4m3 values times powers of two); two rows of ones sum a block whose sums are
-    # exact in fp32 (multiples of 28 below 2^24), so those outputs are exact too, whatever the order.
-    k = 1024
-    g = torch.Generator(device="cuda").manual_seed(2)
-    x = torch.randn(1, k, device="cuda", generator=g) * torch.logspace(-8, 4, k, device="cuda")
-    x[0, :128] = 0
-    x[0, 128:256] = 448.0 * 2.0 ** torch.arange(-4, 4, device="cuda").repeat(16)
-    x[0, 256:384] = 452.0
-    x = x.to(torch.bfloat16)
-    qt, st = quantize_x_torch(x)
-    xr = qt.float() * st.repeat_interleave(128, 1)
-    w = torch.zeros(128, k, device="cuda")
-    cols = torch.arange(0, k, 8, device="cuda")[:126]
-    w[torch.arange(126, device="cuda"), cols] = 1.0
-    w[126, 128:256] = 1.0
-    w[127, 256:384] = 1.0
-    q, s = quantize_fp8(w)
-    assert torch.equal(fp8_gemm_torch(torch.eye(k, device="cuda"), q, s).t(), w)  # the weight is held exactly
-    want = torch.cat([xr[0, cols], xr[0, 128:256].sum()[None], xr[0, 256:384].sum()[None]]).bfloat16()
-    for bn, bk, warps, stages in GEMV_TMA_TILES:
-        for splits in (1, 2):
-            y = fp8_gemm(x, q, s, 1, Fp8GemmConfig("gemv_tma", 1, bn, splits, warps, stages, True, bk))
-            assert torch.equal(y[0], want), (bn, bk, splits, (y[0].float() - want.float()).abs().max())
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
-                    reason="the Gluon kernels need a Hopper GPU")
-@pytest.mark.parametrize("n,k,groups", SHAPES)
-def test_gemv_tma_at_every_shape(n, k, groups):
-    # Every FP8 weight of Flash and Pro at tp 1 and 8 at M = 1: small and large steps, K split, PDL.
-    q, s = _weights(n, k, 5 * n + k)
-    x = torch.randn(1, groups * k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(k))
-    x = x.to(torch.bfloat16)
-    ref = fp8_gemm_torch(x, q, s, groups)
-    for bn, bk, warps, stages, splits in ((16, 512, 4, 8, 1), (64, 256, 8, 4, 3), (128, 128, 4, 4, 2)):
-        if (n // groups) % bn or bk > k:
-            continue
-        c = Fp8GemmConfig("gemv_tma", 1, bn, splits, warps, stages, True, bk)
-        y = fp8_gemm(x, q, s, groups, c, pdl=True)
-        assert y.isfinite().all() and _err(y, ref) < TOL, (n, k, groups, c, _err(y, ref))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not gluon_hopper(torch.device("cuda")),
@@ -213,17 +157,15 @@ def test_scaled_mm_launch_matches_the_twin():
         assert y.shape == (m, 8192) and _err(y, fp8_gemm_torch(x, q, s)) < TOL
 
 
-@pytest.mark.parametrize("kernel", ["triton", "wgmma", "wgmma_ws", "gemv_tma"])
+@pytest.mark.parametrize("kernel", ["triton", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_split_k_deterministic_and_in_a_cuda_graph(kernel, pdl):
-    # Under PDL the warp-specialized kernel and the TMA-fed GEMV request their first weight tiles before the wait
-    # for x: three chained GEMMs in one graph (each input the last one's output) check that x is still waited for
+    # Under PDL the warp-specialized kernel requests its first weight tiles before the wait for x's quantize
+    # launch: three chained GEMMs in one graph (each input the last one's output) check that x is still waited for
     q, s = _weights(1536, 4096, 4)
     q2, s2 = _weights(4096, 1536, 5)
-    gemv = kernel == "gemv_tma"
-    x = torch.randn(1 if gemv else 4, 4096, device="cuda").to(torch.bfloat16)
-    c = Fp8GemmConfig(kernel, 1 if gemv else 16, 32 if gemv else 128, 8, 4, 4, kernel in ("triton", "gemv_tma"),
-                      256 if gemv else 128)
+    x = torch.randn(4, 4096, device="cuda").to(torch.bfloat16)
+    c = Fp8GemmConfig(kernel, 16, 128, 8, 4, 4, kernel == "triton")
     c2 = c._replace(splits=3)
 
     def chain():

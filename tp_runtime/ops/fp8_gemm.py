@@ -33,32 +33,29 @@ import torch
 
 from tp_runtime.ops.act_quant import BLOCK, RoundedX, quantize_x_torch, round_block
 from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, fp8_gemm_wgmma_ws, wgmma_fits
-from tp_runtime.ops.fp8_gemv_tma import fp8_gemv_tma, gemv_tma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
 from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
                                    scaled_mm_weight_scales, store_or_sum, tile_counters)
 
-GLUON_KERNELS = ("wgmma", "wgmma_ws", "gemv_tma")  # ops/fp8_gemm_wgmma.py's two kernels (one set of warps, or
-#                                                    warp-specialized) and ops/fp8_gemv_tma.py's GEMV (M = 1)
+GLUON_KERNELS = ("wgmma", "wgmma_ws")  # ops/fp8_gemm_wgmma.py's two kernels: one set of warps, or warp-specialized
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
 
 
 class Fp8GemmConfig(NamedTuple):
     """One launch of the family: the MMA kernel ("triton"), its Gluon twins in ops/fp8_gemm_wgmma.py (x rounded by
     one launch first, stages fed by TMA): one set of warps ("wgmma") or a loading warp and MMA warps
-    ("wgmma_ws"); the GEMV ("gemv": M = 1, block_m 1, x rounded in its K loop), its Gluon twin with the weight
-    streamed by TMA through num_stages shared-memory stages ("gemv_tma", ops/fp8_gemv_tma.py), or cuBLASLt
-    ("scaled_mm": the other fields unused)."""
+    ("wgmma_ws"); the GEMV ("gemv": M = 1, block_m 1, x rounded in its K loop), or cuBLASLt ("scaled_mm": the
+    other fields unused)."""
 
-    kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "gemv_tma" | "scaled_mm"
+    kernel: str  # "triton" | "wgmma" | "wgmma_ws" | "gemv" | "scaled_mm"
     block_m: int  # x rows a program covers (>= 16: the MMA's narrow side)
     block_n: int  # weight rows a program covers: 64 or 128 (inside one 128-row scale block), wgmma's up to 256;
-    #               the GEMV's 16, 32 or 64 (gemv_tma's up to 128)
+    #               the GEMV's 16, 32 or 64
     splits: int  # programs over K (1: no partials)
     num_warps: int
     num_stages: int
     quant_x: bool  # round x in the K loop's prologue (else one quantize_x launch first)
-    block_k: int = BLOCK  # columns a K step covers: 128 (one scale block) but in the GEMVs (a multiple of 128)
+    block_k: int = BLOCK  # columns a K step covers: 128 (one scale block) but in the GEMV (a multiple of 128)
     in_flight: int = 1  # wgmma: MMAs left running while the previous product is scaled (1, or 0: large tiles)
     k_per_wait: int = 1  # wgmma_ws: K steps whose MMAs are issued before one wait (1, 2 or 4)
 
@@ -104,20 +101,12 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
     by a quantize_x launch first reads it instead (the same values)."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    if c.kernel in ("gemv", "gemv_tma") and m != 1:
-        raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
-    if c.kernel == "gemv_tma" and not gemv_tma_fits(n, k, groups, c.block_n):  # K not whole blocks: Triton's GEMV
-        c = c._replace(kernel="gemv", num_stages=3)
-    if c.kernel == "gemv_tma":
-        y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-        part = torch.empty(c.splits, 1, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
-        fp8_gemv_tma(x2, qw, scale, groups, c.block_n, c.block_k, c.splits, c.num_warps, c.num_stages, pdl, y, part,
-                     tile_counters(x.device, triton.cdiv(n, c.block_n)))
-        return y.view(*x.shape[:-1], n)
     if c.kernel == "gemv":
+        if m != 1:
+            raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
         return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
-    if c.kernel in ("wgmma", "wgmma_ws") and not wgmma_fits(n, k, groups, c.block_n):  # Triton's, in one scale block
+    if c.kernel in GLUON_KERNELS and not wgmma_fits(n, k, groups, c.block_n):  # Triton's, in one scale block
         c = c._replace(kernel="triton", block_n=min(c.block_n, BLOCK))
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
         c = c._replace(kernel="triton", quant_x=True)  # (one quantize launch would not)
@@ -135,7 +124,7 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
 def takes_rounded_x(c: Fp8GemmConfig, k: int) -> bool:
     """Whether launch c over K = k columns a group rounds x by a quantize_x launch first (so a RoundedX made by
     x's producer spares it); the GEMV and the Triton kernel with quant_x round x as they read it."""
-    return k % BLOCK == 0 and c.kernel not in ("gemv", "gemv_tma") and not (c.kernel == "triton" and c.quant_x)
+    return k % BLOCK == 0 and c.kernel != "gemv" and not (c.kernel == "triton" and c.quant_x)
 
 
 def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,

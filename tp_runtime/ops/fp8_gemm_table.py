@@ -58,7 +58,7 @@ class Fp8GemmTable:
         if c is None:
             return self._fallback(key, f"FP8 GEMM shape N={n} K={k} groups={groups} is not in the tuning table "
                                        f"{self.source}", m, n, k, groups, n_sm)
-        if c.kernel in ("gemv", "gemv_tma") and m != 1:
+        if c.kernel == "gemv" and m != 1:
             return self._fallback(key, f"the GEMV launch for N={n} K={k} takes one row, not {m}", m, n, k, groups, n_sm)
         if c.kernel == "scaled_mm" and not (x.is_cuda and groups == 1 and k % BLOCK == 0 and x.dtype == torch.bfloat16
                                             and blockwise_scaled_mm_available(x.device)):
