@@ -64,14 +64,6 @@ def test_fp8_gemm_torch_is_the_product_of_rounded_x_and_dequantized_w():
     assert not TorchBackend().fp8_linear(x, q, s, groups=2).equal(y)  # x as given: no rounding
 
 
-def test_torch_pair_is_the_two_gemms():
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(3, 256, generator=g)
-    a, b = quantize_fp8(torch.randn(256, 256, generator=g)), quantize_fp8(torch.randn(384, 256, generator=g))
-    ya, yb = TorchBackend().fp8_linear_pair(x, a, b)
-    assert ya.equal(fp8_gemm_torch(x, *a)) and yb.equal(fp8_gemm_torch(x, *b))
-
-
 def test_m_buckets():
     assert [m_bucket(m) for m in (1, 2, 3, 17, 128, 129, 512, 4096)] == [1, 2, 4, 32, 128, 256, 512, 512]
 

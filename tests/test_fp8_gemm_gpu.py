@@ -2,7 +2,7 @@
 rounds it; every launch the tuning table holds, and the defaults, against the twin at every FP8 weight shape of
 Flash and Pro at tp 1 and 8 and M in {1, 3, 8, 33, 128, 256, 512}, with weight scales spanning orders of
 magnitude; the Gluon kernel (ops/fp8_gemm_wgmma.py) at every such shape from M = 8; split-K deterministic and the
-same in a CUDA graph; the backend's choice against the torch backend; two weights of one x in one launch (a pair).
+same in a CUDA graph; the backend's choice against the torch backend.
 
 Run on a GPU machine: `pytest -m gpu tests/test_fp8_gemm_gpu.py`.
 """
@@ -17,7 +17,7 @@ from tp_runtime.config import load_config
 from tp_runtime.model.stack import AttentionStack
 from tp_runtime.ops.act_quant import quantize_x_torch
 from tp_runtime.ops.fp8_gemm import (Fp8GemmConfig, default_config, fp8_gemm, fp8_gemm_torch, quantize_x,
-                                     takes_pair, takes_rounded_x)
+                                     takes_rounded_x)
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.kernel_support import gluon_hopper
 from tp_runtime.ops.linear import blockwise_scaled_mm_available
@@ -183,53 +183,6 @@ def test_split_k_deterministic_and_in_a_cuda_graph(kernel, pdl):
     assert torch.equal(y, chain()) and not torch.equal(y, y0)
     z = fp8_gemm(fp8_gemm(x, q, s, 1, c), q2, s2, 1, c2)
     assert _err(y, fp8_gemm_torch(z, q, s)) < TOL
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-def test_a_pair_launch_is_its_two_launches(pdl):
-    # Two weights of one x in one launch (wq_b and the indexer's wq_b at tp 8 and tp 1): each part of y is bitwise
-    # the launch of its weight alone with the same configuration (same tiles, splits, summation order), and
-    # within TOL of the twin; the GEMV at M = 1, the Triton MMA kernel at M = 1 and 5 (x rounded in its prologue
-    # or by one launch), K split unevenly or not.
-    b = _weights(8192, 1024, 21)
-    for n in (4096, 32768):
-        a = _weights(n, 1024, n)
-        for m in (1, 5):
-            x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
-            launches = [Fp8GemmConfig("triton", 16, bn, sp, 4, 4, q) for bn in (64, 128) for sp in (1, 3)
-                        for q in (True, False)]
-            launches += [Fp8GemmConfig("gemv", 1, bn, sp, w, 3, True, bk) for bn, bk, w in GEMV_TILES
-                         for sp in (1, 3)] if m == 1 else []
-            for c in launches:
-                y = fp8_gemm(x, *a, 1, c, pdl, pair=b)
-                assert y.shape == (m, n + 8192)
-                assert torch.equal(y[:, :n], fp8_gemm(x, *a, 1, c, pdl)), (n, m, c)
-                assert torch.equal(y[:, n:], fp8_gemm(x, *b, 1, c, pdl)), (n, m, c)
-                assert _err(y[:, n:], fp8_gemm_torch(x, *b)) < TOL and _err(y[:, :n], fp8_gemm_torch(x, *a)) < TOL
-    with pytest.raises(ValueError, match="pair"):
-        fp8_gemm(x, *a, 1, Fp8GemmConfig("wgmma", 32, 64, 1, 4, 4, False), pair=b)
-
-
-def test_the_backend_pairs_the_queries_where_the_table_launch_can():
-    # Flash's wq_b and indexer wq_b at tp 1 and 8: the Triton backend's pair equals the two GEMMs within TOL at
-    # every M the step runs; where the table's launch for the larger weight takes a pair it is one launch.
-    b = _weights(8192, 1024, 22)
-    backend = TritonBackend()
-    for n in (4096, 32768):
-        a = _weights(n, 1024, n + 1)
-        for m in (1, 8, 33, 128):
-            x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                ya, yb = backend.fp8_linear_pair(x, a, b)
-                torch.cuda.synchronize()
-            assert ya.shape == (m, n) and yb.shape == (m, 8192)
-            assert _err(ya, fp8_gemm_torch(x, *a)) < TOL and _err(yb, fp8_gemm_torch(x, *b)) < TOL, (n, m)
-            gemms = [e for e in prof.events() if any(k in e.name for k in ("_gemv_kernel", "_fp8_gemm_kernel"))]
-            big = max(n, 8192)  # the launch is the larger weight's
-            if takes_pair(backend.fp8_table.config(m, big, 1024, 1, x, 132), big, 1024, 1):
-                assert len(gemms) == 1, (n, m, [e.name for e in gemms])
-    one = torch.empty(1, 1024, device="cuda", dtype=torch.bfloat16)
-    assert all(takes_pair(backend.fp8_table.config(1, n, 1024, 1, one, 132), n, 1024, 1) for n in (8192, 32768))
 
 
 def test_backends_agree_and_torch_launches_no_triton():

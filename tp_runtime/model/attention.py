@@ -209,7 +209,7 @@ class DSV4Attention(nn.Module):
                                                            compressor: entries -> cache.compressed        r > 0
                                                            indexer compressor: keys -> cache.index_keys  r = 4
           wq_b: qr [T, Rq] -> q [T, Hl, D]                (q_norm as its prologue where a.qr_norm is set)
-          indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4   (FP8: with wq_b, one launch where it can: `queries`)
+          indexer wq_b: qr -> idx_q [T, Ih, Id]   r = 4
           fork --------------------------------------->   rotary of idx_q                               r = 4
           heads, one launch: q per-head normed + roped,    indexer scores + top-K -> picks [n, K]        r = 4
             kv [T, D] roped into the window's dtype
@@ -231,7 +231,8 @@ class DSV4Attention(nn.Module):
         side.fork()
         with side.branch():
             idx_w = self.compress(a, b, cache)
-        q, idx_q = self.queries(a)
+        q = self.query(a.qr, a.qr_norm, a.qr_rounded)
+        idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         side.fork()
         ring = (cache.window, b.ix.rings[self.W]) if b.decode else None
         q, kv, fused_idx_q = self.backend.heads(q, a.kv, cis, self.eps, cache.window.dtype,
@@ -251,7 +252,8 @@ class DSV4Attention(nn.Module):
     def prepare(self, a: StageA, b: StepBatch, cache: LayerCache) -> Prepared:
         """stage_b up to the top-K, on one stream, for all T tokens: reads only device metadata, so the
         narrow scope captures it. Emits compressed entries and indexer keys into the caches."""
-        q, idx_q = self.queries(a)
+        q = self.query(a.qr, a.qr_norm, a.qr_rounded)
+        idx_q = self.indexer.query(a.qr, a.qr_norm, a.qr_rounded) if self.indexer is not None else None
         q, kv, idx_q = self.backend.heads(q, a.kv, b.ix.cis[self.rope_kind], self.eps, cache.window.dtype, idx_q)
         idx_w = self.compress(a, b, cache)
         return Prepared(q, kv, idx_q, idx_w)
@@ -267,19 +269,6 @@ class DSV4Attention(nn.Module):
         write_ring(cache.window, p.kv, b.ix.rings[self.W])
 
     # ------------------------------------------------------------ the parts of stage B
-
-    def queries(self, a: StageA) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q [T, Hl, D] from wq_b, and at r = 4 the indexer's query [T, Ih, Id] from its wq_b: both read qr, so
-        with FP8 weights (x rounded) the backend may run them as one launch (`fp8_linear_pair`; q and idx_q are
-        then views of one buffer)."""
-        if self.indexer is None:
-            return self.query(a.qr, a.qr_norm, a.qr_rounded), None
-        mods = (self.wq_b, self.indexer.wq_b)
-        if a.qr_norm is not None or not all(m.fp8 and m.round_x for m in mods):
-            return self.query(a.qr, a.qr_norm, a.qr_rounded), self.indexer.query(a.qr, a.qr_norm, a.qr_rounded)
-        q, idx_q = self.backend.fp8_linear_pair(a.qr, *((m.qweight, m.scale) for m in mods), rounded=a.qr_rounded)
-        T = len(a.qr)
-        return q.view(T, self.n_local_heads, self.D), idx_q.view(T, self.indexer.n_heads, self.indexer.head_dim)
 
     def query(self, qr: torch.Tensor, qr_norm: RMSNorm | None = None, rounded: RoundedX | None = None
               ) -> torch.Tensor:

@@ -23,11 +23,6 @@ run instead, rounding each 128 columns of x in its K loop: the same exact produc
 kernel, tile sizes, stages, splits and x path a GEMM takes is read from the tuning table (ops/fp8_gemm_table.py),
 per weight shape and M bucket; cuBLASLt's block-scaled GEMM (`torch._scaled_mm` on the same rounded x) is one of the
 table's choices.
-
-A pair: the GEMV and the Triton MMA kernel also take a second weight of the same x and K (`fp8_gemm`'s pair): the
-output tiles past the first weight's N rows read the second weight, with the same tiles and splits, so each part
-of y is bitwise what that weight's own launch with the same configuration gives, for one launch instead of two
-(at decode sizes a launch costs latency as well as its bytes: wq_b and the indexer's wq_b both read qr).
 """
 
 from __future__ import annotations
@@ -39,8 +34,8 @@ import torch
 from tp_runtime.ops.act_quant import BLOCK, RoundedX, quantize_x_torch, round_block
 from tp_runtime.ops.fp8_gemm_wgmma import fp8_gemm_wgmma, fp8_gemm_wgmma_ws, wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl, triton
-from tp_runtime.ops.linear import (FP8Weight, LinearConfig, dequantize, grouped_linear, linear_triton, pair_fits,
-                                   pair_weight, rows_of, scaled_mm_weight_scales, store_or_sum, tile_counters)
+from tp_runtime.ops.linear import (LinearConfig, dequantize, grouped_linear, linear_triton, rows_of,
+                                   scaled_mm_weight_scales, store_or_sum, tile_counters)
 
 GLUON_KERNELS = ("wgmma", "wgmma_ws")  # ops/fp8_gemm_wgmma.py's two kernels: one set of warps, or warp-specialized
 SCALED_MM_ROWS = 16  # cuBLASLt refuses 1 x 128 scales whose row count (their leading dimension) is odd-sized
@@ -100,22 +95,17 @@ def quantize_x(x: torch.Tensor, pdl: bool = False, rows: int = 1) -> tuple[torch
 
 
 def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-             pdl: bool = False, rounded: RoundedX | None = None,
-             pair: FP8Weight | None = None) -> torch.Tensor:
+             pdl: bool = False, rounded: RoundedX | None = None) -> torch.Tensor:
     """x [M, groups*K] @ W^T by configuration c (shapes: module doc); pdl: programmatic dependent launch.
     rounded: x already rounded by the kernel that produced it (`takes_rounded_x`): a launch that would round x
-    by a quantize_x launch first reads it instead (the same values). pair: a second weight (qw2 [N2, K], its
-    scales) of the same x in the same launch, where c `takes_pair` (groups 1): y [M, N + N2] is x @ W^T, then
-    x @ W2^T; c's tiles and splits serve both."""
+    by a quantize_x launch first reads it instead (the same values)."""
     x2 = rows_of(x)
     m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    if pair is not None and not takes_pair(c, n, k, groups):
-        raise ValueError(f"fp8_gemm: launch {c} does not take a pair of weights (N = {n}, K = {k}, {groups} groups)")
     if c.kernel == "gemv":
         if m != 1:
             raise ValueError(f"fp8_gemm: the GEMV launch takes one row of x, got {m}")
         lc = LinearConfig(1, c.block_n, c.block_k, c.num_warps, c.num_stages, c.splits)
-        return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True, pair=pair)
+        return linear_triton(x, qw, scale, groups, lc, pdl, round_x=True)
     if c.kernel in GLUON_KERNELS and not wgmma_fits(n, k, groups, c.block_n):  # Triton's, in one scale block
         c = c._replace(kernel="triton", block_n=min(c.block_n, BLOCK))
     if k % BLOCK:  # blocks of x must not straddle groups: the in-loop rounding keeps each group's own blocks
@@ -124,20 +114,11 @@ def fp8_gemm(x: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int
         xq, xs = rounded or quantize_x(x2, pdl, SCALED_MM_ROWS)
         y = torch._scaled_mm(xq, qw.t(), xs, scaled_mm_weight_scales(scale), out_dtype=x.dtype)[:m]
     else:
-        n_all = n + (pair[0].shape[0] if pair is not None else 0)
-        y = torch.empty(m, n_all, dtype=x.dtype, device=x.device)
-        part = torch.empty(c.splits, m, n_all, dtype=torch.float32, device=x.device) if c.splits > 1 else y
-        if c.kernel in GLUON_KERNELS:
-            _launch_wgmma(x2, qw, scale, groups, c, pdl, y, part, rounded)
-        else:
-            _launch_triton(x2, qw, scale, groups, c, pdl, y, part, rounded, pair)
-    return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def takes_pair(c: Fp8GemmConfig, n: int, k: int, groups: int) -> bool:
-    """Whether launch c can also multiply x by a second weight of the same K (`fp8_gemm`'s pair): the GEMV and the
-    Triton MMA kernel, one group, the first weight's N whole 128-row blocks and c's tiles, K whole blocks."""
-    return c.kernel in ("gemv", "triton") and k % BLOCK == 0 and pair_fits(n, groups, c.block_n)
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
+        launch = _launch_wgmma if c.kernel in GLUON_KERNELS else _launch_triton
+        launch(x2, qw, scale, groups, c, pdl, y, part, rounded)
+    return y.view(*x.shape[:-1], n)
 
 
 def takes_rounded_x(c: Fp8GemmConfig, k: int) -> bool:
@@ -163,13 +144,9 @@ def _launch_wgmma(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, group
 
 
 def _launch_triton(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, groups: int, c: Fp8GemmConfig,
-                   pdl: bool, y: torch.Tensor, part: torch.Tensor, rounded: RoundedX | None,
-                   pair: FP8Weight | None = None) -> None:
-    # `_fp8_gemm_kernel` into y, x rounded in its prologue (quant_x) or by one launch first; y's columns from N on
-    # are the pair's second weight's
-    m, n1, k = x2.shape[0], qw.shape[0], qw.shape[1]
-    n = y.shape[1]
-    w2, s2 = pair if pair is not None else (qw, scale)
+                   pdl: bool, y: torch.Tensor, part: torch.Tensor, rounded: RoundedX | None) -> None:
+    # `_fp8_gemm_kernel` into y, x rounded in its prologue (quant_x) or by one launch first
+    m, n, k = x2.shape[0], qw.shape[0], qw.shape[1]
     if c.quant_x:
         xq, xs = x2, x2  # the kernel rounds x itself; xs unused
         sxm, sxk = 0, 0
@@ -182,21 +159,21 @@ def _launch_triton(x2: torch.Tensor, qw: torch.Tensor, scale: torch.Tensor, grou
         bn //= 2
     grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, bn), c.splits)  # a weight tile's M tiles launch together
     steps = triton.cdiv(triton.cdiv(k, BLOCK), c.splits)
-    _fp8_gemm_kernel[grid](xq, xs, qw, scale, w2, s2, y, part, tile_counters(x2.device, grid[0] * grid[1]), m, n,
-                           n1, k, group_n, xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits,
-                           QUANT_X=c.quant_x, PAIR=pair is not None, BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl,
-                           num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
+    _fp8_gemm_kernel[grid](xq, xs, qw, scale, y, part, tile_counters(x2.device, grid[0] * grid[1]), m, n, k, group_n,
+                           xq.stride(0), sxm, sxk, qw.stride(0), scale.stride(0), steps, c.splits, QUANT_X=c.quant_x,
+                           BLOCK_M=c.block_m, BLOCK_N=bn, PDL=pdl, num_warps=c.num_warps,
+                           num_stages=c.num_stages, launch_pdl=pdl)
 
 
 @jit
-def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, y_ptr, part_ptr, cnt_ptr, M, N, N1, K, GROUP_N,
-                     stride_xm, stride_xsm, stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr,
-                     PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N, stride_xm, stride_xsm,
+                     stride_xsk, stride_wn, stride_sn, STEPS, SPLITS, QUANT_X: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # One program: y^T tile [BLOCK_N weight rows, BLOCK_M rows of x] over K blocks [split*STEPS, (split+1)*STEPS).
     # BLOCK_N <= 128 divides 128, so the tile's rows share one weight scale per K block; x's scale is per row.
     # The tile's columns lie in one group (BLOCK_N divides GROUP_N), whose inputs are x's columns [g*K, (g+1)*K).
     # M tiles vary fastest over the grid: the programs that read one weight tile run at once, and all but the
-    # first find it in L2. PAIR: y's columns from N1 on are the second weight's (ops/linear.py `pair_weight`).
+    # first find it in L2.
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     group = pid_n * BLOCK_N // GROUP_N
     x_ptr += group * K
@@ -205,8 +182,7 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, y_ptr, part_pt
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, 128)
     m_ok, n_ok = rm < M, rn < N
-    w_ptr, s_ptr, r0 = pair_weight(w_ptr, s_ptr, w2_ptr, s2_ptr, pid_n * BLOCK_N, N1, PAIR)
-    s_row = s_ptr + ((pid_n * BLOCK_N - r0) // 128) * stride_sn
+    s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     lo = split * STEPS
     hi = tl.minimum(lo + STEPS, (K + 127) // 128)
@@ -219,8 +195,8 @@ def _fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, y_ptr, part_pt
     for kb in range(lo, hi):
         wsb_next = tl.load(s_row + kb + 1, mask=kb + 1 < hi, other=127)
         k_ok = (kb * 128 + rk) < K
-        w = tl.load(w_ptr + (rn - r0)[:, None] * stride_wn + (kb * 128 + rk)[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + (kb * 128 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0.0)
         x_at = x_ptr + rm[:, None] * stride_xm + (kb * 128 + rk)[None, :]
         if QUANT_X:
             xq, xsc = round_block(tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32))

@@ -52,7 +52,6 @@ from tp_runtime.ops.act_quant import BLOCK, round_block
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, sm_count, tl, triton
 
 # BLOCK (128): the checkpoint's quantization block, rows and columns; also the kernels' K step
-FP8Weight = tuple[torch.Tensor, torch.Tensor]  # (qweight [N, K] float8_e4m3fn, its e8m0 block scales)
 
 
 def e8m0_scales(scale: torch.Tensor) -> torch.Tensor:
@@ -161,14 +160,11 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, groups: int = 1,
-                  config: LinearConfig | None = None, pdl: bool = False, round_x: bool = False,
-                  pair: FP8Weight | None = None) -> torch.Tensor:
+                  config: LinearConfig | None = None, pdl: bool = False, round_x: bool = False) -> torch.Tensor:
     """The Triton kernels for W in FP8 with block scales (scale given) or in x's dtype (scale None);
     config: one to use instead of `tile_config`'s (benchmarks, ops/fp8_gemm.py); pdl: launched with programmatic
     dependent launch (resolve_pdl; bitwise the same output); round_x (the GEMV, FP8 weights): x rounded to e4m3
-    per 1 x 128 block of each group's columns as it is read (ops/act_quant.py), ops/fp8_gemm.py's semantics.
-    pair (the GEMV, FP8): a second weight (w2 [N2, K], its scales) of the same x, in the same launch: y [1, N + N2]
-    holds x @ W^T then x @ W2^T (`pair_fits`)."""
+    per 1 x 128 block of each group's columns as it is read (ops/act_quant.py), ops/fp8_gemm.py's semantics."""
     x2 = rows_of(x)
     _check_fits(x2, w, scale, groups, x)
     m, k, n = x2.shape[0], x2.shape[1] // groups, w.shape[0]
@@ -180,18 +176,14 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
     bn = c.block_n
     while groups > 1 and group_n % bn:  # a tile's columns must lie in one group
         bn //= 2
-    w2, s2, n_all = _pair_operands(w, scale, groups, bn, pair)
-    if pair is not None and c.block_m != 1:
-        raise ValueError(f"linear: a pair of weights takes the GEMV (M = 1), got M = {m}, {c}")
-    y = torch.empty(m, n_all, dtype=x.dtype, device=x.device)
-    part = torch.empty(c.splits, m, n_all, dtype=torch.float32, device=x.device) if c.splits > 1 else y
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(c.splits, m, n, dtype=torch.float32, device=x.device) if c.splits > 1 else y
     s = scale if scale is not None else w  # unused pointer when the weight has no scales
     if c.block_m == 1:  # M = 1: the GEMV kernel
-        grid = (triton.cdiv(n_all, bn), c.splits)
+        grid = (triton.cdiv(n, bn), c.splits)
         steps = triton.cdiv(triton.cdiv(k, c.block_k), c.splits)
-        _gemv_kernel[grid](x2, w, s, w2, s2, y, part, tile_counters(x.device, grid[0]), n_all, n, k,
-                           group_n if groups > 1 else n_all, w.stride(0), s.stride(0), steps, c.splits,
-                           HAS_SCALE=scale is not None, ROUND_X=round_x, PAIR=pair is not None,
+        _gemv_kernel[grid](x2, w, s, y, part, tile_counters(x.device, grid[0]), n, k, group_n, w.stride(0),
+                           s.stride(0), steps, c.splits, HAS_SCALE=scale is not None, ROUND_X=round_x,
                            BLOCK_N=bn, BLOCK_K=c.block_k, PDL=pdl, num_warps=c.num_warps,
                            num_stages=c.num_stages, launch_pdl=pdl)
     else:
@@ -202,7 +194,7 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, 
                            BLOCK_M=c.block_m, BLOCK_N=bn,
                            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
                            num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl)
-    return y.view(*x.shape[:-1], n_all)
+    return y.view(*x.shape[:-1], n)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -274,22 +266,21 @@ def _tile_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, GROUP_N
 
 
 @jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, y_ptr, part_ptr, cnt_ptr, N, N1, K, GROUP_N, stride_wn,
-                 stride_sn, STEPS, SPLITS, HAS_SCALE: tl.constexpr, ROUND_X: tl.constexpr, PAIR: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, N, K, GROUP_N, stride_wn, stride_sn, STEPS, SPLITS,
+                 HAS_SCALE: tl.constexpr, ROUND_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
     # M = 1: rows [BLOCK_N] of y over K steps [split*STEPS, (split+1)*STEPS) of BLOCK_K columns, without
     # tl.dot (whose 16-row tiles would be 15/16 padding): products summed in an fp32 [BLOCK_N, BLOCK_K]
     # tile, reduced once at the end. The first step's weight tile is loaded before the PDL wait (no kernel of
     # a step writes weights: module doc), so its DRAM latency overlaps the end of the kernel before; that step
-    # runs before the loop. PAIR: y's rows from N1 on are the second weight's (`pair_weight`).
+    # runs before the loop.
     pid_n, split = tl.program_id(0), tl.program_id(1)
     x_ptr += (pid_n * BLOCK_N // GROUP_N) * K
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
-    w_ptr, s_ptr, r0 = pair_weight(w_ptr, s_ptr, w2_ptr, s2_ptr, pid_n * BLOCK_N, N1, PAIR)
-    w_rows = w_ptr + (rn - r0)[:, None] * stride_wn
-    s_row = s_ptr + ((pid_n * BLOCK_N - r0) // 128) * stride_sn
+    w_rows = w_ptr + rn[:, None] * stride_wn
+    s_row = s_ptr + (pid_n * BLOCK_N // 128) * stride_sn
     lo = split * STEPS
     hi = tl.minimum(lo + STEPS, tl.cdiv(K, BLOCK_K))
     w_first = _weight_step(w_rows, lo, rk, n_ok, K, BLOCK_K)
@@ -301,36 +292,6 @@ def _gemv_kernel(x_ptr, w_ptr, s_ptr, w2_ptr, s2_ptr, y_ptr, part_ptr, cnt_ptr, 
                          HAS_SCALE, ROUND_X, BLOCK_K)
     pdl_trigger(PDL)
     store_or_sum(tl.sum(acc, axis=1), y_ptr, part_ptr, cnt_ptr + pid_n, rn, n_ok, split, N, SPLITS)
-
-
-@jit
-def pair_weight(w_ptr, s_ptr, w2_ptr, s2_ptr, row0, N1, PAIR: tl.constexpr):
-    # The weight (and its scales) of a tile whose first row of y is row0, and the row of y its weight starts at:
-    # with PAIR, rows from N1 on are the second weight's (N1 a multiple of the tile's rows and of 128).
-    r0 = N1 * 0
-    if PAIR:
-        if row0 >= N1:
-            w_ptr, s_ptr, r0 = w2_ptr, s2_ptr, N1
-    return w_ptr, s_ptr, r0
-
-
-def pair_fits(n: int, groups: int, block_n: int) -> bool:
-    """A launch of block_n-row tiles can take a second weight after a first of N rows (`linear_triton`'s pair):
-    one group, the first weight's rows whole 128-row blocks and whole tiles."""
-    return groups == 1 and n % BLOCK == 0 and n % block_n == 0
-
-
-def _pair_operands(w: torch.Tensor, scale: torch.Tensor | None, groups: int, block_n: int,
-                   pair: FP8Weight | None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    # (second weight, its scales, y's columns): the first weight's pointers where no pair (unused)
-    if pair is None:
-        return w, scale if scale is not None else w, w.shape[0]
-    w2, s2 = pair
-    if scale is None or not pair_fits(w.shape[0], groups, block_n) or w2.shape[1] != w.shape[1] \
-            or w2.stride() != (w.stride(0), 1) or s2.shape[1] != scale.shape[1] or s2.stride(0) != scale.stride(0):
-        raise ValueError(f"linear: a pair takes two FP8 weights of one K, one group, the first of whole "
-                         f"{BLOCK}-row blocks and {block_n}-row tiles; got {tuple(w.shape)}, {tuple(w2.shape)}")
-    return w2, s2, w.shape[0] + w2.shape[0]
 
 
 @jit

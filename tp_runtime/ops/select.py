@@ -19,7 +19,6 @@ import torch
 from tp_runtime.capability import kernels_refusal, triton_unavailable
 from tp_runtime.config_yaml import ConfigError
 from tp_runtime.ops.act_quant import RoundedX
-from tp_runtime.ops.linear import FP8Weight
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.torch_path import TorchBackend
 from tp_runtime.ops.triton_path import TritonBackend
@@ -105,11 +104,6 @@ class KernelBackend(Protocol):
         """x [M, groups*K] @ dequantized FP8 qw [groups*N, K]^T, group by group -> [M, groups*N]; round_x: x rounded
         to e4m3 per 1 x 128 block first, as the released model does (ops/fp8_gemm.py), else taken as given;
         rounded: that rounding of x, made by x's producer (rms_norm_pair_rounded), where the backend can use it."""
-
-    def fp8_linear_pair(self, x: torch.Tensor, a: FP8Weight, b: FP8Weight, rounded: RoundedX | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp8_linear with round_x of one x [M, K] by two FP8 weights (qweight, scale) a [Na, K] and b [Nb, K] ->
-        ([M, Na], [M, Nb]): in one launch where the backend can (then views of one [M, Na + Nb] buffer)."""
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],

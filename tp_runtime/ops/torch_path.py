@@ -19,7 +19,7 @@ from tp_runtime.ops.act_quant import ROUNDED_ROWS, RoundedX, quantize_x_torch
 from tp_runtime.ops.cache_fp8 import dequantize_keys, dequantize_rows, quantize_keys, quantize_rows, round_keys
 from tp_runtime.ops.fp8_gemm import fp8_gemm_torch
 from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
-from tp_runtime.ops.linear import FP8Weight, fp8_linear_torch
+from tp_runtime.ops.linear import fp8_linear_torch
 
 
 # Elements (not bytes) one chunk of gathered candidates may occupy; bounds peak memory of long prefills.
@@ -377,12 +377,6 @@ class TorchBackend:
         (the released model's GEMM, ops/fp8_gemm.py), else as given; rounded (that rounding, made ahead) is not
         read: the twin rounds x itself, to the same values. Never a Triton launch."""
         return fp8_gemm_torch(x, qw, scale, groups) if round_x else fp8_linear_torch(x, qw, scale, groups)
-
-    @staticmethod
-    def fp8_linear_pair(x: torch.Tensor, a: FP8Weight, b: FP8Weight, rounded: RoundedX | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two GEMMs one after the other (the twin of the Triton backend's one launch)."""
-        return fp8_gemm_torch(x, *a), fp8_gemm_torch(x, *b)
 
     @staticmethod
     def rotary(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:

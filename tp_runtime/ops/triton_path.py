@@ -10,8 +10,7 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
                                                with q_fp8 and FP8 keys the scores are FP8 dots
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
-                                               ops/fp8_gemm_table.py); x as given: ops/linear.py; _pair: two
-                                               weights of one x in one launch where the table's launch can
+                                               ops/fp8_gemm_table.py); x as given: ops/linear.py
     linear            ops/gemv.py              bf16 weight GEMMs (optionally behind an RMSNorm of x): the Triton
                                                GEMV where it beat cuBLAS, else cuBLAS
     add_rms_norm      ops/add_rms_norm.py      a layer's residual add + the next layer's attn_norm, one launch
@@ -39,10 +38,10 @@ from tp_runtime.ops.index import BlockIndex, RingIndex, RingState
 from tp_runtime.ops.indexer_topk import indexer_topk
 from tp_runtime.ops.gemv import gemv, use_triton_gemv
 from tp_runtime.ops.act_quant import RoundedX
-from tp_runtime.ops.fp8_gemm import fp8_gemm, takes_pair, takes_rounded_x
+from tp_runtime.ops.fp8_gemm import fp8_gemm, takes_rounded_x
 from tp_runtime.ops.fp8_gemm_table import Fp8GemmTable
 from tp_runtime.ops.kernel_support import sm_count
-from tp_runtime.ops.linear import FP8Weight, fp8_linear
+from tp_runtime.ops.linear import fp8_linear
 from tp_runtime.ops.rms_norm import rms_norm
 from tp_runtime.ops.rms_norm_pair import rms_norm_pair, rms_norm_pair_rounded
 from tp_runtime.ops.rope import prepare_heads
@@ -163,21 +162,6 @@ class TritonBackend:
         m = x.numel() // x.shape[-1]
         c = self.fp8_table.config(m, qw.shape[0], qw.shape[1], groups, x, sm_count(x.device))
         return fp8_gemm(x, qw, scale, groups, c, rounded=rounded, **self._kw())
-
-    def fp8_linear_pair(self, x: torch.Tensor, a: FP8Weight, b: FP8Weight, rounded: RoundedX | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One launch where the table's launch for the larger weight takes a pair (`takes_pair`: the GEMV, the
-        Triton MMA kernel), its tiles and splits serving both: a decode step's launches are latency as much as
-        bytes (wq_b and the indexer's wq_b, both of qr: one launch fewer in each ratio-4 layer); else two."""
-        big, small = (a, b) if a[0].shape[0] >= b[0].shape[0] else (b, a)
-        m, (n, k) = x.numel() // x.shape[-1], big[0].shape
-        c = self.fp8_table.config(m, n, k, 1, x, sm_count(x.device))
-        if not takes_pair(c, n, k, 1):
-            return (self.fp8_linear(x, *a, round_x=True, rounded=rounded),
-                    self.fp8_linear(x, *b, round_x=True, rounded=rounded))
-        y = fp8_gemm(x, *big, 1, c, rounded=rounded, pair=small, **self._kw())
-        yb, ys = y[..., :n], y[..., n:]
-        return (yb, ys) if big is a else (ys, yb)
 
     def step_index(self, slot: torch.Tensor, pos: torch.Tensor, start_idx: torch.Tensor, start_pos: torch.Tensor,
                    last_pos: torch.Tensor, trash: int, rings: Mapping[int, Sequence[torch.Tensor]],
