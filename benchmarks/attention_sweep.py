@@ -161,15 +161,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache", choices=("bf16", "fp8"), help="points of one cache format only")
     ap.add_argument("--batches", type=int, nargs="+", help="points of these batches only")
     ap.add_argument("--variant", action="append",
-                    help="H,N,VS,WARPS,STAGES or wgmma,N,STAGES (repeat): replaces VARIANTS")
+                    help="H,N,VS,WARPS,STAGES, wgmma,N,STAGES or wgmma_ws (repeat): replaces VARIANTS")
     return ap.parse_args(argv)
 
 
 def parse_variant(text: str):
-    """'H,N,VS,WARPS,STAGES' -> a VARIANTS entry; 'wgmma,N,STAGES' -> the Gluon kernel's AttnConfig."""
-    from tp_runtime.ops.sparse_attention import WGMMA
+    """'H,N,VS,WARPS,STAGES' -> a VARIANTS entry; 'wgmma,N,STAGES' -> the Gluon kernel's AttnConfig; 'wgmma_ws'
+    -> the warp-specialized Gluon kernel's (FP8 rows)."""
+    from tp_runtime.ops.sparse_attention import WGMMA, WGMMA_WS
 
     head, *rest = text.split(",")
+    if head == "wgmma_ws":
+        return WGMMA_WS
     if head == "wgmma":
         return WGMMA._replace(block_n=int(rest[0]), num_stages=int(rest[1]))
     return tuple(int(x) for x in text.split(","))

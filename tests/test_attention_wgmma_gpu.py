@@ -1,4 +1,5 @@
-"""The Gluon attention kernel (ops/sparse_attention_wgmma.py) against the torch twin, on random inputs.
+"""The Gluon attention kernels (ops/sparse_attention_wgmma.py; ops/sparse_attention_ws_wgmma.py, FP8 rows) against
+the torch twin, on random inputs.
 
 Hopper only (warpgroup MMAs; Triton's interpreter does not run Gluon): elsewhere every test here is skipped
 with that reason. The cases are those of tests/test_kernels_gpu.py (its helpers build them), in bf16, with the
@@ -19,7 +20,7 @@ from conftest import KERNEL_DEVICE, KERNEL_MARKS
 from test_fp8_cache_gpu import fp8_attention_case
 from test_kernels_gpu import DECODE_POS, PICK_PATTERNS, TOL, attention_case, padded_picks_case, rel_err, run_both
 
-from tp_runtime.ops.sparse_attention import WGMMA, attn_config
+from tp_runtime.ops.sparse_attention import WGMMA, WGMMA_WS, attn_config
 from tp_runtime.ops.kernel_support import gluon_hopper
 
 DEV = KERNEL_DEVICE
@@ -77,14 +78,49 @@ def test_wgmma_attention_fp16_rows():
     assert rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+@pytest.mark.parametrize("n_heads", [64, 32, 16, 8])
+def test_ws_attention_decode(ratio, n_heads):
+    # The warp-specialized kernel (FP8 rows) at every decode edge of DECODE_POS, heads padded to 64: tiles of
+    # 1-10 a token, so both ring slots turn over several times, and a last tile partly filled.
+    chunks = [(i % 4, p, 1) for i, p in enumerate(DECODE_POS)]
+    T, args = fp8_attention_case(chunks, n_heads, ratio, BF16, seed=17)
+    out, ref = run_both(T, args, n_heads, config=WGMMA_WS)
+    assert rel_err(out, ref) < TOL[BF16], rel_err(out, ref)
+
+
+@pytest.mark.parametrize("ratio", [0, 4, 128])
+def test_ws_attention_prefill_chunks(ratio):
+    # Prefill chunks (window rows from the step's own rows and the ring, a chunk from position 0, 512 picks)
+    chunks = [(0, 200, 300), (1, 0, 256), (2, 1000, 1), (3, 3000, 512)]
+    T, args = fp8_attention_case(chunks, 64, ratio, BF16, seed=7)
+    out, ref = run_both(T, args, 64, config=WGMMA_WS)
+    assert rel_err(out, ref) < TOL[BF16]
+
+
+@pytest.mark.parametrize("n_cand", [1, 7, 64, 512])
+@pytest.mark.parametrize("pattern", list(PICK_PATTERNS))
+def test_ws_attention_candidate_counts_and_padding(n_cand, pattern):
+    # 1, 7, 64 and 512 picks behind the window rows under every -1 pattern: a -1 pick weighs 0.
+    T, args = padded_picks_case(n_cand, pattern, BF16, case=fp8_attention_case)
+    out, ref = run_both(T, args, 16, config=WGMMA_WS)
+    assert rel_err(out, ref) < TOL[BF16], (n_cand, pattern, rel_err(out, ref))
+
+
 def test_attn_config_picks_wgmma_for_many_tokens():
-    # The many-token regime (decode at batch 128, prefill chunks) takes the Gluon kernel where it fits; fewer
-    # tokens and fp32 keep the Triton kernel.
+    # The many-token regime (decode at batch 128, prefill chunks) takes a Gluon kernel where it fits (FP8 rows:
+    # the warp-specialized one); fewer tokens and fp32 keep the Triton kernel.
     assert attn_config(128, 64, 640, 512, 132, wgmma=True) == WGMMA
+    assert attn_config(128, 64, 640, 512, 132, fp8=True, wgmma=True) == WGMMA_WS
+    assert attn_config(128, 32, 640, 512, 132, fp8=True, wgmma=True) == WGMMA_WS
+    assert attn_config(128, 8, 640, 512, 132, fp8=True, wgmma=True) == WGMMA  # few heads: on the MMA's N
     assert attn_config(2048, 8, 640, 512, 132, wgmma=True) == WGMMA
     assert attn_config(8, 64, 640, 512, 132, wgmma=True).kernel == "triton"
     assert attn_config(128, 64, 640, 512, 132, wgmma=False).kernel == "triton"
     # default (no config): the kernel runs where attn_config picks it and matches the twin
     T, args = attention_case([(i, 3000 + i, 1) for i in range(128)], 64, 4, BF16, seed=3, slots=128)
+    out, ref = run_both(T, args, 64)
+    assert rel_err(out, ref) < TOL[BF16]
+    T, args = fp8_attention_case([(i, 3000 + i, 1) for i in range(128)], 64, 4, BF16, seed=3, slots=128)
     out, ref = run_both(T, args, 64)
     assert rel_err(out, ref) < TOL[BF16]

@@ -197,7 +197,7 @@ def test_indexer_topk(T, fp8):
     check_on_off(inputs, op)
 
 
-@pytest.mark.parametrize("T", BATCHES)
+@pytest.mark.parametrize("T", BATCHES + [128])  # 128: the many-token regime (the Gluon kernels on Hopper)
 @pytest.mark.parametrize("ratio", [0, 4, 128])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("heads", [H, H // 8])

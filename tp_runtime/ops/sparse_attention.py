@@ -53,7 +53,8 @@ from tp_runtime.ops.cache_fp8 import load_rows
 from tp_runtime.ops.index import RingIndex
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.rope import rotate_pairs
-from tp_runtime.ops.sparse_attention_wgmma import sparse_attention_wgmma, wgmma_attention_fits
+from tp_runtime.ops.sparse_attention_wgmma import FEW_HEADS, sparse_attention_wgmma, wgmma_attention_fits
+from tp_runtime.ops.sparse_attention_ws_wgmma import sparse_attention_ws
 
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2(e)), one multiply folded into the scale
@@ -257,7 +258,8 @@ class AttnConfig(NamedTuple):
     num_stages: int
     split_len: int  # candidates per split (a multiple of block_n); >= W + C: no split
     value_split: int = 1  # 2: the value dims' halves in two programs (each scores whole rows, keeps half the acc)
-    kernel: str = "triton"  # "wgmma": ops/sparse_attention_wgmma.py (64 heads a program, block_n rows, no split)
+    kernel: str = "triton"  # "wgmma": ops/sparse_attention_wgmma.py (64 heads a program, block_n rows, no split);
+    # "wgmma_ws": ops/sparse_attention_ws_wgmma.py (FP8 rows; heads padded to 64, 64-row tiles, no split)
 
 
 def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: int, fp8: bool = False,
@@ -286,7 +288,11 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     many-token regime, 64-row tiles in 2 stages, both row formats (results/h200-2026-12-03-attention-wgmma:
     1.88 / 1.94x the Triton kernel with bf16 / FP8 rows at batch 128, ratio 4; 1.35 / 1.65x at ratio 128;
     1.38x at 8 heads; 32-row tiles in 3 or 4 stages lost everywhere). fp32 (the checks' dtype; tiles of twice
-    the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows."""
+    the bytes): 32 heads a program, 32 / 64 candidates a block with / without FP8 rows.
+    wgmma_ws: FP8 rows with more than FEW_HEADS heads in the many-token regime on Hopper,
+    ops/sparse_attention_ws_wgmma.py (the decode off the products' path; results/h200-2026-12-04-attention-ws:
+    53.7 / 55.6 us at batch 128, ratio 4, 64 heads; 24.8 / 26.4 at ratio 128; 52.2 / 53.5 at 32 heads; it lost
+    at 8 and 16 heads, 51.2 / 43.4 us)."""
     wide = head_dim >= 256
     h16 = max(16, min(64, triton.next_power_of_2(n_heads)))  # all of a token's heads (16 at least: the dot's M)
     if not wide:
@@ -296,7 +302,9 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
         cfg, fill = AttnConfig(16, 64, 8, 2, 0), 0
     elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
-        return WGMMA if wgmma else _many_tokens(h16, n_cand, fp8)
+        if wgmma:
+            return WGMMA_WS if fp8 and n_heads > FEW_HEADS else WGMMA
+        return _many_tokens(h16, n_cand, fp8)
     elif fp8 and n_cand >= 512:
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
     elif fp8:  # split to fill the SMs twice where the programs fill under half of them, else not at all
@@ -334,6 +342,8 @@ def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
 
 # the Gluon kernel's one configuration: 64 heads, two stages of 64 rows, 8 warps, never split
 WGMMA = AttnConfig(64, 64, 8, 2, 1 << 30, kernel="wgmma")
+# the warp-specialized Gluon kernel for FP8 rows: 64 heads, a ring of two 64-row tiles, 3 warpgroups, never split
+WGMMA_WS = AttnConfig(64, 64, 4, 2, 1 << 30, kernel="wgmma_ws")
 
 COMBINE_HEADS = 1  # heads per program of the combine: T x Hl programs sum the splits in parallel
 
@@ -375,6 +385,11 @@ def sparse_attention_sink(q: torch.Tensor, kv: torch.Tensor, window: torch.Tenso
     comp = compressed if has_comp else window
     pk = picks if (has_comp and picks is not None) else slot[:, None]
     nd = n_done if has_comp else slot
+    if cfg.kernel == "wgmma_ws":
+        assert wgmma and fp8, "the wgmma_ws attention kernel needs the wgmma kernel's conditions and FP8 rows"
+        sparse_attention_ws(q, kv, win, ring, comp, slot, pk, nd, has_comp, picks is not None, C, W, sink,
+                            scale * LOG2E, cis_r, out, pdl)
+        return
     if cfg.kernel == "wgmma":
         assert wgmma, "the wgmma attention kernel needs a Hopper GPU, Gluon, 16-bit q, 512 dims (64 rope), <= 64 heads"
         sparse_attention_wgmma(q, kv, win, ring, comp, slot, pk, nd, has_comp, picks is not None, C, W, sink,
