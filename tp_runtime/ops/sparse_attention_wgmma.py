@@ -93,14 +93,23 @@ def sparse_attention_wgmma(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor,
     else:
         block_h = HEADS
     _attn_kernel[(T,)](
-        q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
-        ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
-        ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
-        comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r, cis_r.stride(0),
-        out, out.stride(0), H, n_comp, qk_scale,
+        *kernel_args(q, kv, win, ring, comp, slot, picks, n_done, sink, cis_r, out, n_comp, qk_scale),
         W=window, D=D, DR=2 * cis_r.shape[1], HAS_COMP=has_comp, HAS_PICKS=has_picks, BLOCK_N=block_n,
         STAGES=stages, FP8=fp8, PDL=pdl, BLOCK_H=block_h, HEADS_N=heads_n, num_warps=4 if heads_n else 8,
         launch_pdl=pdl)
+
+
+def kernel_args(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ring, comp: torch.Tensor, slot: torch.Tensor,
+                picks: torch.Tensor, n_done: torch.Tensor, sink: torch.Tensor, cis_r: torch.Tensor, out: torch.Tensor,
+                n_comp: int, qk_scale: float) -> tuple:
+    """The positional arguments of this file's kernel and of ops/sparse_attention_ws_wgmma.py's, in their order:
+    each tensor with its row strides (the RingIndex's flags as bytes), then H, C and the scale."""
+    u8 = torch.uint8
+    return (q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
+            ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
+            ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
+            comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r,
+            cis_r.stride(0), out, out.stride(0), q.shape[1], n_comp, qk_scale)
 
 
 def heads_n_stages(block_h: int, fp8: bool) -> int:
@@ -387,6 +396,18 @@ def _store(o, den, t, cis_ptr, s_cis, out_ptr, s_out, H, D: gl.constexpr, DR: gl
     gl_pdl_trigger(PDL)
     gl.store(row + dims[None, :], ob, mask=(heads < H)[:, None])
     gl.thread_barrier()  # the rounded rows are visible to the whole program
+    rotate_back(out_ptr, t, s_out, c, sn, H, BLOCK_H, D, DR, pair_l)
+
+
+@gjit
+def rotate_back(out_ptr, t, s_out, c, sn, H, BLOCK_H: gl.constexpr, D: gl.constexpr, DR: gl.constexpr,
+                pair_l: gl.constexpr):
+    """The inverse rotary of token t's output rows (BLOCK_H heads, H real): their last DR dims, stored rounded
+    and visible to the calling threads, read back, rotated by the angles c, sn [DR / 2] (GPT-J pairs; pair_l's
+    columns) in fp32 and rounded again; the torch twin's order (`apply_rotary(inverse=True)` on o in the run
+    dtype)."""
+    dt: gl.constexpr = out_ptr.dtype.element_ty
+    i = gl.arange(0, DR // 2, layout=gl.SliceLayout(0, pair_l))
     hp = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, pair_l))
     at = out_ptr + t * s_out + hp[:, None] * D + (D - DR) + 2 * i[None, :]
     hm = (hp < H)[:, None]

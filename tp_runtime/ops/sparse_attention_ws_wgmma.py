@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.ops.kernel_support import gjit, gl, gl_pdl_trigger, gl_pdl_wait
-from tp_runtime.ops.sparse_attention_wgmma import _load_index, _row_ptrs
+from tp_runtime.ops.sparse_attention_wgmma import _load_index, _row_ptrs, kernel_args, rotate_back
 
 try:
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
@@ -86,11 +86,7 @@ def sparse_attention_ws(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ri
     assert kv.dtype == u8 and kv.shape[-1] == ROW_BYTES and D == NOPE + ROPE and H <= HEADS
     assert all(s % 16 == 0 for s in (kv.stride(0), win.stride(0), comp.stride(0), comp.stride(1))), "row strides"
     _ws_kernel[(T,)](
-        q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
-        ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
-        ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
-        comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r, cis_r.stride(0),
-        out, out.stride(0), H, n_comp, qk_scale,
+        *kernel_args(q, kv, win, ring, comp, slot, picks, n_done, sink, cis_r, out, n_comp, qk_scale),
         W=window, D=D, DR=2 * cis_r.shape[1], HAS_COMP=has_comp, HAS_PICKS=has_picks, PDL=pdl,
         num_warps=4, launch_pdl=pdl)
 
@@ -281,26 +277,23 @@ def _store_rows(t, j0, total, e, kv_ptr, skv_t, win_ptr, swin, comp_base, sc_row
 # each code's byte moved into a bf16 lane as (sign << 15) | ((byte & 0x7F) << 4), which is the code's value times
 # 2^-120 (its subnormals too), then times 2^120 and times the scale (exact: every product is a power of two
 # times a value of <= 4 significant bits). $0: codes 0, 1; $1: codes 2, 3.
-_DECODE_ASM = _const("""{
-.reg .b32 a, s, m, k;
-mov.b32 k, 0x7B807B80;
-prmt.b32 a, $2, 0, 0x4140;
+
+
+def _decode_pair(select: str, out: int) -> str:
+    # two codes of $2 (the bytes prmt `select` picks) -> $out, as the comment above says
+    return f"""prmt.b32 a, $2, 0, {select};
 and.b32 s, a, 0x00800080;
 and.b32 m, a, 0x007F007F;
 shl.b32 s, s, 8;
 shl.b32 m, m, 4;
 or.b32 a, s, m;
 mul.rn.bf16x2 a, a, k;
-mul.rn.bf16x2 $0, a, $3;
-prmt.b32 a, $2, 0, 0x4342;
-and.b32 s, a, 0x00800080;
-and.b32 m, a, 0x007F007F;
-shl.b32 s, s, 8;
-shl.b32 m, m, 4;
-or.b32 a, s, m;
-mul.rn.bf16x2 a, a, k;
-mul.rn.bf16x2 $1, a, $3;
-}""")
+mul.rn.bf16x2 ${out}, a, $3;
+"""
+
+
+_DECODE_ASM = _const("{\n.reg .b32 a, s, m, k;\nmov.b32 k, 0x7B807B80;\n" + _decode_pair("0x4140", 0)
+                     + _decode_pair("0x4342", 1) + "}")
 
 
 @gjit
@@ -358,10 +351,4 @@ def _store_half(o, den, COL0: gl.constexpr, t, cis_ptr, s_cis, out_ptr, s_out, H
         c = gl.load(cis_ptr + t * s_cis + 2 * i)
         sn = gl.load(cis_ptr + t * s_cis + 2 * i + 1)
         gl.thread_barrier()  # the rounded rows are visible to the whole warpgroup
-        hp = gl.arange(0, HEADS, layout=gl.SliceLayout(1, pair_l))
-        at = out_ptr + t * s_out + hp[:, None] * D + (D - DR) + 2 * i[None, :]
-        hm = (hp < H)[:, None]
-        e = gl.load(at, mask=hm, other=0.0).to(gl.float32)
-        od = gl.load(at + 1, mask=hm, other=0.0).to(gl.float32)
-        gl.store(at, (e * c[None, :] + od * sn[None, :]).to(dt), mask=hm)
-        gl.store(at + 1, (od * c[None, :] - e * sn[None, :]).to(dt), mask=hm)
+        rotate_back(out_ptr, t, s_out, c, sn, H, HEADS, D, DR, pair_l)
