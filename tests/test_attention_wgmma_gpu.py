@@ -82,7 +82,7 @@ def test_wgmma_attention_fp16_rows():
 @pytest.mark.parametrize("n_heads", [64, 32, 16, 8])
 def test_ws_attention_decode(ratio, n_heads):
     # The warp-specialized kernel (FP8 rows) at every decode edge of DECODE_POS, heads padded to 64: tiles of
-    # 1-10 a token, so both ring slots turn over several times, and a last tile partly filled.
+    # 2-10 a token, so both ring slots turn over several times, and a last tile partly filled.
     chunks = [(i % 4, p, 1) for i, p in enumerate(DECODE_POS)]
     T, args = fp8_attention_case(chunks, n_heads, ratio, BF16, seed=17)
     out, ref = run_both(T, args, n_heads, config=WGMMA_WS)
