@@ -105,11 +105,18 @@ def kernel_args(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ring, comp
     """The positional arguments of this file's kernel and of ops/sparse_attention_ws_wgmma.py's, in their order:
     each tensor with its row strides (the RingIndex's flags as bytes), then H, C and the scale."""
     u8 = torch.uint8
+    srow, rrow, pk = (low_words(x) for x in (ring.step_row, ring.ring_row, picks))
     return (q, q.stride(0), q.stride(1), kv, kv.stride(0), win, win.stride(0),
-            ring.in_step.view(u8), ring.in_step.stride(0), ring.step_row, ring.step_row.stride(0),
-            ring.ring_row, ring.ring_row.stride(0), ring.valid.view(u8), ring.valid.stride(0),
-            comp, comp.stride(0), comp.stride(1), slot, picks, picks.stride(0), n_done, sink, cis_r,
-            cis_r.stride(0), out, out.stride(0), q.shape[1], n_comp, qk_scale)
+            ring.in_step.view(u8), ring.in_step.stride(0), srow, srow.stride(0), rrow, rrow.stride(0),
+            ring.valid.view(u8), ring.valid.stride(0), comp, comp.stride(0), comp.stride(1), slot, pk, pk.stride(0),
+            n_done, sink, cis_r, cis_r.stride(0), out, out.stride(0), q.shape[1], n_comp, qk_scale)
+
+
+def low_words(x: torch.Tensor) -> torch.Tensor:
+    """An int64 index tensor [T, n] (entries in [-1, 2^31)) as its low 32-bit words, the int32 view [T, 2n]:
+    the kernels load entry j as word 2j, so an entry held for an iteration takes one register, not two."""
+    assert x.dtype == torch.int64 and x.stride(-1) == 1, "index tensors are int64 with contiguous rows"
+    return x.view(torch.int32)
 
 
 def heads_n_stages(block_h: int, fp8: bool) -> int:
@@ -129,13 +136,13 @@ def _load_index(t, j0, total, in_step_ptr, s_in, step_row_ptr, s_sr, ring_row_pt
     j = j0 + gl.arange(0, BLOCK_N, layout=layout)
     win = (j < total) & (j < W)
     ins = gl.load(in_step_ptr + t * s_in + j, mask=win, other=0)
-    srow = gl.load(step_row_ptr + t * s_sr + j, mask=win, other=0)
-    rrow = gl.load(ring_row_ptr + t * s_rr + j, mask=win, other=0)
+    srow = gl.load(step_row_ptr + t * s_sr + 2 * j, mask=win, other=0)  # int64 entries' low words (`low_words`)
+    rrow = gl.load(ring_row_ptr + t * s_rr + 2 * j, mask=win, other=0)
     val = gl.load(valid_ptr + t * s_va + j, mask=win, other=0)
     if HAS_PICKS:
-        pick = gl.load(picks_ptr + t * s_pk + (j - W), mask=(j < total) & (j >= W), other=-1)
+        pick = gl.load(picks_ptr + t * s_pk + 2 * (j - W), mask=(j < total) & (j >= W), other=-1)
     else:  # ratio 128: compressed candidate c is entry c
-        pick = (j - W).to(gl.int64)
+        pick = j - W
     return ins, srow, rrow, val, pick
 
 
@@ -148,9 +155,10 @@ def _row_ptrs(t, j0, total, ins, srow, rrow, val, pick, kv_ptr, skv_t, win_ptr, 
     j = j0 + gl.arange(0, BLOCK_N, layout=layout)
     live = j < total
     ok = live & (j < W) & (val != 0)
-    ptr = gl.where(ins != 0, kv_ptr + gl.multiple_of(srow * skv_t, 16), win_ptr + gl.multiple_of(rrow * swin, 16))
+    ptr = gl.where(ins != 0, kv_ptr + gl.multiple_of(srow.to(gl.int64) * skv_t, 16),
+                   win_ptr + gl.multiple_of(rrow.to(gl.int64) * swin, 16))
     if HAS_COMP:
-        ptr = gl.where(j >= W, comp_base + gl.multiple_of(gl.maximum(pick, 0) * sc_row, 16), ptr)
+        ptr = gl.where(j >= W, comp_base + gl.multiple_of(gl.maximum(pick, 0).to(gl.int64) * sc_row, 16), ptr)
         ok = ok | (live & (j >= W) & (pick >= 0))
     ptr = gl.where(ok, ptr, kv_ptr + gl.multiple_of(t * skv_t, 16))
     return ptr, ok

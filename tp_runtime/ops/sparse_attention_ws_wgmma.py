@@ -20,12 +20,15 @@ decodes tile i + 1 while the other two warpgroups run tile i's products.
 
 The loader streams chunks of CHUNK rows as 32-bit words in registers, AHEAD chunks' loads in flight while it
 decodes one (a tile's row addresses are formed a tile ahead into shared memory, from index entries loaded a
-tile before that). Measured (H200, results/h200-2026-12-04-attention-ws): 53.7 against the one-role kernel's
-55.6 us at batch 128, ratio 4, 64 heads; 99.5 / 104.3 at batch 256. The loader bounds it: one warpgroup
-decodes the whole tile (~1,050 instructions a thread a tile), and the fence that hands a tile to the MMAs
-(fence.proxy.async: MEMBAR.ALL.CTA in SASS) orders the loads it still has in flight first. (A loader that kept
-no loads in flight across the hand-over, the next tile's rows prefetched into L2, measured 60.5 us.) With up
-to 16 heads the one-role kernel keeps the heads on the MMA's N and stays faster (43.4 against 51.2 us at 8).
+tile before that; the entries are int64 tensors read as their low 32-bit words, so that the loader, at its
+register budget, spills nothing: a spilled entry made each iteration wait for its load). Measured (H200,
+results/h200-2026-12-04-attention-index-words): 51.2-51.8 us at batch 128, ratio 4, 64 heads (53.7 with spills;
+the one-role kernel 55.6); 93.3-94.4 at batch 256. The loader still bounds it: per tile it takes about 3.5 us
+(clock64 timeline), the MMA warpgroups wait for it half the loop, and the first tile is ready about 9.5 us
+after the program starts. Each of these left the time as it was or slowed it: removing the decode (-2 us at
+batch 128), the hand-over fence, L2 prefetches of the rows one to three tiles ahead, loads that bypass L1, and
+q loaded after the first row loads. With up to 16 heads the one-role kernel keeps the heads on the MMA's N and
+stays faster (43.4 against 51.2 us at 8).
 
 mbarriers (each arrival is one thread's, after a barrier of its warpgroup):
     ready[s]  loader -> softmax: slot s holds a decoded tile (and its valid flags)
