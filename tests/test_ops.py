@@ -156,3 +156,18 @@ def test_step_index_rings_and_blocks_for_a_chunk_and_a_decode_token():
     done = [p for p, s in zip(pos.tolist(), blk.emit_slot.tolist()) if s != trash]
     assert done == [7, 11] and blk.block[10].item() == 5 and blk.n_done[10].item() == 5
     assert torch.equal(blk.cis, table.at(blk.block * 4)) and blk.phase[10].item() == 0
+
+
+def test_index_entries_as_low_words():
+    """The Gluon attention kernels read int64 index entries as word 2j of their int32 view (`low_words`): exact for
+    every entry in [-1, 2^31), on the step's shapes (rows of a larger buffer, a [T, 1] column of slots)."""
+    from tp_runtime.ops.sparse_attention_wgmma import low_words
+
+    buf = torch.tensor([[-1, 0, 1, 2**31 - 1], [5, -1, 2**20, 7], [3, 3, 3, 3]], dtype=torch.int64)
+    for x in (buf, buf[:2], buf[1:, :3], buf[:, 2][:, None]):
+        w = low_words(x)
+        assert w.dtype == torch.int32 and w.shape == (x.shape[0], 2 * x.shape[1])
+        assert w.stride(0) == 2 * x.stride(0) and w.data_ptr() == x.data_ptr()  # a view: no copy in the step
+        assert torch.equal(w[:, 0::2].long(), x)
+    with pytest.raises(AssertionError):
+        low_words(buf.int())  # int32 entries would be read at the wrong words
