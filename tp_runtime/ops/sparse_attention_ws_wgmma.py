@@ -26,11 +26,11 @@ results/h200-2026-12-04-attention-index-words): 51.2-51.8 us at batch 128, ratio
 the one-role kernel 55.6); 93.3-94.4 at batch 256. The loader still bounds it: per tile it takes about 3.5 us
 (clock64 timeline), the MMA warpgroups wait for it half the loop, and the first tile is ready about 9.5 us
 after the program starts. On the spilling loader, leaving the decode out saved 2 us at batch 128 and leaving
-the hand-over fence out 0.4 us (timing only: both wrong). Bulk L2 prefetches of the rows one to three tiles ahead, loads that bypass
-L1, and q loaded after the first row loads gained at most 0.4 us or slowed it; per-line L2 prefetches two tiles
-ahead gained 0.5 us at batch 128 and 2.6 at 256 and lost 1.2 at ratio 128 (measured with the spilling loader).
-With up to 16 heads the one-role kernel keeps the heads on the MMA's N and stays faster (43.4 against 51.2 us
-at 8).
+the hand-over fence out 0.4 us (timing only: both wrong). Bulk L2 prefetches of the rows one to three tiles
+ahead, loads that bypass L1, and q loaded after the first row loads gained at most 0.4 us or slowed it;
+per-line L2 prefetches two tiles ahead gained 0.5 us at batch 128 and 2.6 at 256 and lost 1.2 at ratio 128
+(measured with the spilling loader). With up to 16 heads the one-role kernel keeps the heads on the MMA's N
+and stays faster (43.4 against 51.2 us at 8).
 
 mbarriers (each arrival is one thread's, after a barrier of its warpgroup):
     ready[s]  loader -> softmax: slot s holds a decoded tile (and its valid flags)
