@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import row_bytes
 from tp_runtime.ops.kernel_support import gjit, gl, gl_pdl_trigger, gl_pdl_wait
 from tp_runtime.ops.sparse_attention_wgmma import _load_index, _row_ptrs, kernel_args, rotate_back
 
@@ -74,7 +75,8 @@ HALF = _const(256)  # value dims a warpgroup accumulates
 CHUNK = _const(16)  # rows the loader decodes and stores at a time (one a thread-row of its 4 warps)
 CHUNKS = _const(4)  # chunks a tile
 AHEAD = _const(3)  # chunks whose loads are in flight while the loader decodes one
-NOPE, ROPE, ROW_BYTES = _const(448), _const(64), 592  # the FP8 row layout at Flash dims (ops/cache_fp8.py)
+NOPE, ROPE = _const(448), _const(64)  # the FP8 row layout at Flash dims (ops/cache_fp8.py)
+ROW_BYTES = row_bytes(448 + 64, 64)  # 592: the rows the kernel is laid out for (host check)
 LOADER_REGS = _const(152)  # the loader: AHEAD + 1 chunks of words (27 registers each), their decode, addresses
 VALUES_REGS = _const(160)  # the values warpgroup: its half of O (128 fp32 a thread) and the MMA's addresses
 
