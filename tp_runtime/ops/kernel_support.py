@@ -52,6 +52,11 @@ def gjit(fn):
     return gluon.jit(fn) if gluon is not None else fn
 
 
+def gl_const(v):
+    """A module constant Gluon kernels may read (a Gluon global must be a constexpr); v itself without Gluon."""
+    return gl.constexpr(v) if gl is not None else v
+
+
 @functools.cache
 def gluon_hopper(device: torch.device) -> bool:
     """The Gluon kernels (warpgroup MMAs, Hopper's TMA) can run on `device`: Gluon importable, an sm_90 GPU."""

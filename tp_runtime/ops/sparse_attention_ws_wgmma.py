@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 
 from tp_runtime.ops.cache_fp8 import row_bytes
-from tp_runtime.ops.kernel_support import gjit, gl, gl_pdl_trigger, gl_pdl_wait
+from tp_runtime.ops.kernel_support import gjit, gl, gl_const, gl_pdl_trigger, gl_pdl_wait
 from tp_runtime.ops.sparse_attention_wgmma import _load_index, _row_ptrs, kernel_args, rotate_back
 
 try:
@@ -63,22 +63,17 @@ except ImportError:
     pass
 
 
-def _const(v):
-    # a module constant the kernels may read (a Gluon global must be a constexpr)
-    return gl.constexpr(v) if gl is not None else v
-
-
-HEADS = _const(64)  # the MMA's M: the softmax warpgroup's rows (a token's heads, zero-padded)
-BLOCK_N = _const(64)  # candidates a tile
-SLOTS = _const(2)  # decoded tiles in the ring: 2 x 64 KB beside q (64 KB) and P (8 KB)
-HALF = _const(256)  # value dims a warpgroup accumulates
-CHUNK = _const(16)  # rows the loader decodes and stores at a time (one a thread-row of its 4 warps)
-CHUNKS = _const(4)  # chunks a tile
-AHEAD = _const(3)  # chunks whose loads are in flight while the loader decodes one
-NOPE, ROPE = _const(448), _const(64)  # the FP8 row layout at Flash dims (ops/cache_fp8.py)
+HEADS = gl_const(64)  # the MMA's M: the softmax warpgroup's rows (a token's heads, zero-padded)
+BLOCK_N = gl_const(64)  # candidates a tile
+SLOTS = gl_const(2)  # decoded tiles in the ring: 2 x 64 KB beside q (64 KB) and P (8 KB)
+HALF = gl_const(256)  # value dims a warpgroup accumulates
+CHUNK = gl_const(16)  # rows the loader decodes and stores at a time (one a thread-row of its 4 warps)
+CHUNKS = gl_const(4)  # chunks a tile
+AHEAD = gl_const(3)  # chunks whose loads are in flight while the loader decodes one
+NOPE, ROPE = gl_const(448), gl_const(64)  # the FP8 row layout at Flash dims (ops/cache_fp8.py)
 ROW_BYTES = row_bytes(448 + 64, 64)  # 592: the rows the kernel is laid out for (host check)
-LOADER_REGS = _const(152)  # the loader: AHEAD + 1 chunks of words (27 registers each), their decode, addresses
-VALUES_REGS = _const(160)  # the values warpgroup: its half of O (128 fp32 a thread) and the MMA's addresses
+LOADER_REGS = gl_const(152)  # the loader: AHEAD + 1 chunks of words (27 registers each), their decode, addresses
+VALUES_REGS = gl_const(160)  # the values warpgroup: its half of O (128 fp32 a thread) and the MMA's addresses
 
 
 def sparse_attention_ws(q: torch.Tensor, kv: torch.Tensor, win: torch.Tensor, ring, comp: torch.Tensor,
@@ -299,7 +294,7 @@ mul.rn.bf16x2 ${out}, a, $3;
 """
 
 
-_DECODE_ASM = _const("{\n.reg .b32 a, s, m, k;\nmov.b32 k, 0x7B807B80;\n" + _decode_pair("0x4140", 0)
+_DECODE_ASM = gl_const("{\n.reg .b32 a, s, m, k;\nmov.b32 k, 0x7B807B80;\n" + _decode_pair("0x4140", 0)
                      + _decode_pair("0x4342", 1) + "}")
 
 
