@@ -15,6 +15,9 @@ BINS_FROM keys. The selects are ops/topk_select.py's (config.select; `topk_confi
 walks a long context's scores in runs over several programs a token); "fused" runs in this kernel: each
 program counts itself in after its run (an acq_rel atomic after a barrier) and the token's last program to
 count in (run 0 always, for n = 0) selects, while other tokens' programs still score.
+On Hopper, FP8 keys with a 16-bit q take the Gluon score kernel of ops/indexer_scores_wgmma.py instead
+(`topk_config`'s wgmma, TopkConfig.score_kernel; with the bins, not with the fused select): the scores below
+up to the order of the fp32 sums of each dot.
 
 With FP8 keys (ops/cache_fp8.py: codes uint8 [slots, N, Id] and key_scales fp32 [slots, N], one power-of-two
 scale per key) the score kernel reads the codes in place through 16-byte-aligned row pointers (with Id a
@@ -66,6 +69,7 @@ from typing import NamedTuple
 import torch
 
 from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, load_keys, quantize_vectors
+from tp_runtime.ops.indexer_scores_wgmma import codes_scores, codes_wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, regs_select_kernel,
                                         select_token, split_select_kernel)
@@ -241,12 +245,14 @@ class TopkConfig(NamedTuple):
     stages: int = 2  # of the score kernel's loop over its run (Triton's num_stages: stages - 1 blocks in flight)
     sort_sizes: int = 3  # split: threshold-bin keys sorted in the smallest of RANK_N >> (sort_sizes - 1) .. RANK_N
     select_regs: int = 0  # split: registers a thread at most (ptxas's maxnreg; 0: the compiler's choice)
+    score_kernel: str = "triton"  # the score kernel: "triton" (`_score_kernel`), "wgmma" (ops/indexer_scores_wgmma.py)
+    score_regs: int = 0  # wgmma: registers a thread at most (ptxas's maxnreg; 0: the compiler's choice)
 
 
 SELECTS = ("fused", "radix", "regs", "split")  # ops/topk_select.py
 
 
-def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False) -> TopkConfig:
+def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma: bool = False) -> TopkConfig:
     """Programs of the score kernel: T x ceil(n_keys / (64 * blocks)); a program reads its token's q
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
     at least ~8 programs per SM remain (up to 8 blocks).
@@ -278,9 +284,21 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False) -> Top
     | keys | 128, 4K     | 128, 32K      | 256, 4K     | 256, 32K      |
     | FP8  | 34.4 / 31.3 | 117.7 / 107.8 | 40.2 / 37.8 | 201.1 / 182.0 |
     | bf16 | 32.9 / 29.9 | 116.2 / 116.7 | 42.3 / 45.1 | 203.9 / 201.3 |
-    (bf16 keys, batch 32 / 32K: 52.4 / 58.2.) A token's run of one block (batch 1) does not pipeline."""
+    (bf16 keys, batch 32 / 32K: 52.4 / 58.2.) A token's run of one block (batch 1) does not pipeline.
+    wgmma (FP8 keys, a 16-bit q, the layer fits ops/indexer_scores_wgmma.py's kernel on a Hopper GPU): that score
+    kernel, a ring of 2 blocks (stages: one in flight). H200, score + select per layer, FP8 keys, us, the Triton
+    kernel (3 stages) against rings of 2 / 3 / 4 (results/h200-2026-12-04-indexer-wgmma-scores):
+    | batch, ctx | Triton | wgmma, 2 / 3 / 4  |
+    | 1, 4K      | 14.9   | 14.1 / 14.4 / 14.4    |
+    | 1, 32K     | 25.4   | 24.9 / 25.8 / 25.7    |
+    | 128, 4K    | 31.0   | 27.4 / 28.1 / 28.6    |
+    | 128, 32K   | 103.6  | 91.7 / 92.3 / 95.4    |
+    | 256, 4K    | 39.8   | 36.4 / 37.0 / 38.1    |
+    | 256, 32K   | 176.4  | 154.0 / 156.3 / 158.4 |"""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
+    if fp8 and wgmma:
+        return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=2, select_regs=72, score_kernel="wgmma")
     return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=3 if fp8 else 2, select_regs=72)
 
 
@@ -301,7 +319,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     out = torch.empty(T, k, dtype=torch.long, device=q.device)
     if k == 0 or T == 0:
         return out.fill_(-1)
-    cfg = config or topk_config(T, n_keys, sm_count(q.device), keys.dtype == torch.uint8)
+    cfg = config or _default_config(q, keys, n_keys, q_fp8)
     assert cfg.select in SELECTS, cfg.select
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if cfg.select in ("fused", "split"):  # the first digit's bins and the arrival count: zeroed first, in stream
@@ -324,6 +342,13 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     else:
         radix_select_kernel[(T,)](*args, CHUNK=cfg.chunk, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl)
     return out
+
+
+def _default_config(q: torch.Tensor, keys: torch.Tensor, n_keys: int, q_fp8: bool) -> TopkConfig:
+    """topk_config for q [T, Ih, Id] over keys (uint8: FP8 codes), the wgmma score kernel where it covers them."""
+    fp8 = keys.dtype == torch.uint8
+    wgmma = fp8 and not q_fp8 and codes_wgmma_fits(q.device, q.shape[1], q.shape[2], q.dtype)
+    return topk_config(q.shape[0], n_keys, sm_count(q.device), fp8, wgmma)
 
 
 def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tensor, out: torch.Tensor,
@@ -354,7 +379,7 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: t
     T = q.shape[0]
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
     if T and n_keys:
-        cfg = config or topk_config(T, n_keys, sm_count(q.device), keys.dtype == torch.uint8)
+        cfg = config or _default_config(q, keys, n_keys, q_fp8)
         _launch_scores(q, w, keys, key_scales, slot, n_valid, 0, cfg, False, q_fp8, scores)  # k: selects only
     return scores
 
@@ -376,6 +401,12 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_sca
         assert key_scales.shape == keys.shape[:2] and key_scales.stride(1) == 1, (key_scales.shape, keys.shape)
     else:
         key_scales = scores  # not read without FP8 keys
+    if cfg.score_kernel == "wgmma":
+        assert fp8 and not q_fp8 and fused is None and codes_wgmma_fits(q.device, ih, idim, q.dtype), \
+            "the wgmma score kernel takes FP8 keys, a 16-bit q at its dims on Hopper, and no fused select"
+        codes_scores(q, w, keys, key_scales, slot, n_valid, scores, idim ** -0.5 * ih ** -0.5, cfg.blocks,
+                     cfg.stages, pdl, hist, bins_from, cfg.hi_bits, cfg.score_regs)
+        return
     cand, out = fused if fused is not None else (scores, scores)  # not read unless fused
     bins = hist is not None
     hist = hist if bins else scores  # not read without bins

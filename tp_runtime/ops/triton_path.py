@@ -7,7 +7,8 @@ fused Triton kernels of tp_runtime/ops/ (one file per kernel family), with the s
     compress          ops/compressor_pool.py   pool + norm + rotary + store, then the state rings (two launches)
     indexer_topk      ops/indexer_topk.py      scores (counting first-digit bins) + a radix-select top-K over runs
                                                of each token's scores (two launches after a memset of the bins);
-                                               with q_fp8 and FP8 keys the scores are FP8 dots
+                                               with q_fp8 and FP8 keys the scores are FP8 dots; FP8 keys and
+                                               a 16-bit q on Hopper: ops/indexer_scores_wgmma.py's scores
     sparse_attention  ops/sparse_attention.py  split attention with sink + inverse rotary, then the combine
     fp8_linear        ops/fp8_gemm.py          FP8 weight GEMMs, x rounded to e4m3 (launch by the tuning table,
                                                ops/fp8_gemm_table.py); x as given: ops/linear.py
