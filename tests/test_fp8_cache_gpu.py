@@ -306,16 +306,18 @@ def test_fp8_topk_float_inputs(dtype):
 @pytest.mark.skipif(INTERPRET, reason="the interpreter sums fp16 and bf16 dots in different orders")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_key_scores_equal_the_decoded_keys_scores(dtype):
-    # Over FP8 keys the score kernel widens the codes to fp16, scales bf16 q per head into fp16's range and each
-    # sum by its key's scale (`_code_scores`). The scales are powers of two, so its scores are the kernel's over
+    # Over FP8 keys the Triton score kernel widens the codes to fp16, scales bf16 q per head into fp16's range and
+    # each sum by its key's scale (`_code_scores`). The scales are powers of two, so its scores are the kernel's over
     # the decoded keys (exact in q's dtype), bit for bit. Heads' q spans 2^-12 .. 2^12, keys' scales 2^-10 .. 2^10.
+    # (The wgmma kernel sums in another order: tests/test_indexer_scores_wgmma_gpu.py.)
     n_keys = 4000
     nv = [0, 1, 65, 511, 3000, n_keys, 9000]
     q, w, keys, slot, nv_t = topk_case(nv, n_keys, dtype, seed=41, integer=False)
     q = (q.float() * torch.logspace(-12, 12, q.shape[1], base=2.0, device=DEV)[None, :, None]).to(dtype)
     keys = (keys.float() * torch.logspace(-10, 10, keys.shape[1], base=2.0, device=DEV)[None, :, None]).to(dtype)
     codes, scales = quantize_keys(keys)
-    got = indexer_scores(q, w, codes, slot, nv_t, n_keys, key_scales=scales)
+    cfg = _config(len(nv), n_keys, stages=3)  # the Triton kernel
+    got = indexer_scores(q, w, codes, slot, nv_t, n_keys, config=cfg, key_scales=scales)
     ref = indexer_scores(q, w, dequantize_keys(codes, scales).to(dtype), slot, nv_t, n_keys)
     for t, n in enumerate(nv):
         m = min(n, n_keys)
