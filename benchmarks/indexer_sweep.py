@@ -31,6 +31,7 @@ from tp_runtime.bench.record_file import version_of, write_records
 from tp_runtime.config import ModelConfig
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.cache_fp8 import quantize_keys
+from tp_runtime.ops.indexer_scores_wgmma import codes_wgmma_fits
 from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config
 
 M = ModelConfig()
@@ -58,13 +59,18 @@ VARIANTS = {
     "s3 runs x2": dict(stages=3, run_scale=2),
     "n128 w8 s3": dict(block_n=128, num_warps=8, stages=3),
     "n128 w8 s4": dict(block_n=128, num_warps=8, stages=4),
+    # FP8 keys and a 16-bit q on Hopper: the Triton score kernel (3 stages) where the default is the wgmma one
+    "triton scores": dict(score_kernel="triton", stages=3),
+    "score regs 96": dict(score_regs=96),  # 5 programs an SM where 120 registers leave 4
 }
 
 
-def variant_config(name: str, batch: int, n_sm: int, fp8: bool = False) -> TopkConfig:
-    """topk_config's choice (for FP8 keys where fp8) with VARIANTS[name] applied. A score program's run keeps the
-    default's keys where block_n changes (blocks scaled inversely); run_scale multiplies its blocks."""
-    cfg = topk_config(batch, N_KEYS, n_sm, fp8)
+def variant_config(name: str, batch: int, n_sm: int, fp8: bool = False, q_fp8: bool = False) -> TopkConfig:
+    """topk_config's choice (for FP8 keys where fp8; the wgmma score kernel where it covers them) with
+    VARIANTS[name] applied. A score program's run keeps the default's keys where block_n changes (blocks scaled
+    inversely); run_scale multiplies its blocks."""
+    wgmma = fp8 and not q_fp8 and codes_wgmma_fits(torch.device("cuda"), IH, ID, DT)
+    cfg = topk_config(batch, N_KEYS, n_sm, fp8, wgmma)
     change = dict(VARIANTS[name])
     blocks = cfg.blocks * change.pop("run_scale", 1)
     if "block_n" in change:
@@ -99,7 +105,7 @@ def point(batch: int, ctx: int, fp8: bool, rounds: int, dev: torch.device, n_sm:
           q_fp8: bool = False, base=None, variants: list[str] | None = None) -> list[dict]:
     variants = variants or list(VARIANTS)
     args, keys_kw = inputs(batch, ctx, fp8, dev)
-    cfgs = {name: variant_config(name, batch, n_sm, fp8) for name in ["default"] + [v for v in variants
+    cfgs = {name: variant_config(name, batch, n_sm, fp8, q_fp8) for name in ["default"] + [v for v in variants
                                                                                   if v != "default"]}
     ref = indexer_topk(*args, N_KEYS, K, config=cfgs["default"], q_fp8=q_fp8, **keys_kw).sort(dim=1).values
     rows = {}
