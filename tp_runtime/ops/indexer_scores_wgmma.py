@@ -36,6 +36,8 @@ On installs without Gluon this module still imports; its kernel cannot run.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from tp_runtime.ops.kernel_support import gjit, gl, gl_const, gl_pdl_trigger, gl_pdl_wait, gluon_hopper
@@ -191,13 +193,21 @@ def _codes_score_kernel(
             s = b0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC_L))
             km = s < end
             gl.store(score_ptr + t * s_score + s, score, mask=km)
-            if BINS:  # the first digit of the scores' order-preserving keys (topk_select.order_key), counted
-                b = gl.where(score == 0.0, 0.0, score).to(gl.int32, bitcast=True)
-                b = gl.where(b < 0, b ^ 0x7FFFFFFF, b)
-                digit = (b >> (32 - HI_BITS)) + (1 << (HI_BITS - 1))  # (b + 2^31) >> (32 - HI_BITS)
-                one = gl.full([ROWS], 1, gl.int32, gl.SliceLayout(1, ACC_L))
-                gl.atomic_add(hist_ptr + t * s_hist + digit, one, mask=km & (n > BINS_FROM), sem="relaxed")
+            if BINS:
+                _count_digits(hist_ptr + t * s_hist, score, km, n, BINS_FROM, HI_BITS)
         gl_pdl_trigger(PDL)
+
+
+@gjit
+def _count_digits(hist_row, score, km, n, BINS_FROM: gl.constexpr, HI_BITS: gl.constexpr):
+    # the first digit (top HI_BITS bits) of the scores' order-preserving keys (topk_select.order_key) counted into
+    # the token's bins hist_row (int32), for its valid keys (km) where it has more than BINS_FROM (n); integer adds:
+    # any order, the same counts
+    b = gl.where(score == 0.0, 0.0, score).to(gl.int32, bitcast=True)
+    b = gl.where(b < 0, b ^ 0x7FFFFFFF, b)
+    digit = (b >> (32 - HI_BITS)) + (1 << (HI_BITS - 1))  # (b + 2^31) >> (32 - HI_BITS)
+    one = gl.full(score.shape, 1, gl.int32, score.type.layout)
+    gl.atomic_add(hist_row + digit, one, mask=km & (n > BINS_FROM), sem="relaxed")
 
 
 def codes_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scales: torch.Tensor, slot: torch.Tensor,
@@ -213,7 +223,7 @@ def codes_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scale
     assert keys.stride(0) % 16 == 0 and keys.stride(1) % 16 == 0, "code rows must be 16-byte aligned"
     bins = hist is not None
     hist = hist if bins else scores  # not read without bins
-    _codes_score_kernel[(T, -(-n_keys // (ROWS * blocks)))](
+    _codes_score_kernel[(T, -(-n_keys // (operator.index(ROWS) * blocks)))](
         q, q.stride(0), q.stride(1), w, w.stride(0), keys, keys.stride(0), keys.stride(1),
         key_scales, key_scales.stride(0), slot, n_valid, scores, scores.stride(0), hist, hist.stride(0),
         n_keys, scale, IH=ih, BLOCKS=blocks, STAGES=stages, BINS=bins, BINS_FROM=bins_from, HI_BITS=hi_bits, PDL=pdl,
