@@ -61,7 +61,7 @@ VARIANTS = {
     "n128 w8 s4": dict(block_n=128, num_warps=8, stages=4),
     # FP8 keys and a 16-bit q on Hopper: the Triton score kernel (3 stages) where the default is the wgmma one
     "triton scores": dict(score_kernel="triton", stages=3),
-    "score regs 96": dict(score_regs=96),  # 5 programs an SM where 120 registers leave 4
+    "score regs 96": dict(score_regs=96),  # 5 programs an SM where its ~120 registers leave 4
 }
 
 

@@ -23,7 +23,7 @@ from conftest import KERNEL_DEVICE, KERNEL_MARKS
 from test_kernels_gpu import _scores, topk_case
 
 from tp_runtime.ops.cache_fp8 import dequantize_keys, quantize_keys
-from tp_runtime.ops.indexer_topk import indexer_scores, topk_config
+from tp_runtime.ops.indexer_topk import _default_config, indexer_scores, topk_config
 from tp_runtime.ops.kernel_support import gluon_hopper
 
 DEV = KERNEL_DEVICE
@@ -87,7 +87,6 @@ def test_scores_on_float_inputs_within_fp32_rounding(dtype):
 
 def test_default_config_takes_the_wgmma_kernel_for_fp8_keys_only():
     q, w, keys, slot, nv = topk_case([10], N_KEYS, torch.bfloat16, seed=53, integer=True)
-    from tp_runtime.ops.indexer_topk import _default_config
     codes, _ = quantize_keys(keys)
     assert _default_config(q, codes, N_KEYS, q_fp8=False).score_kernel == "wgmma"
     assert _default_config(q, keys, N_KEYS, q_fp8=False).score_kernel == "triton"  # bf16 keys

@@ -288,7 +288,7 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma:
     wgmma (FP8 keys, a 16-bit q, the layer fits ops/indexer_scores_wgmma.py's kernel on a Hopper GPU): that score
     kernel, a ring of 2 blocks (stages: one in flight). H200, score + select per layer, FP8 keys, us, the Triton
     kernel (3 stages) against rings of 2 / 3 / 4 (results/h200-2026-12-04-indexer-wgmma-scores):
-    | batch, ctx | Triton | wgmma, 2 / 3 / 4  |
+    | batch, ctx | Triton | wgmma, 2 / 3 / 4      |
     | 1, 4K      | 14.9   | 14.1 / 14.4 / 14.4    |
     | 1, 32K     | 25.4   | 24.9 / 25.8 / 25.7    |
     | 128, 4K    | 31.0   | 27.4 / 28.1 / 28.6    |
