@@ -160,6 +160,15 @@ def exp2_int(k):
 
 
 @jit
+def fp16_exponent(amax):
+    """e (int32) such that amax * 2^-e lies in [2^14, 2^15) for fp32 amax > 0 (floor(log2(amax)) - 14, clamped to
+    [-126, 126]); 0 for amax 0. A 16-bit q whose largest |element| is amax, times 2^-e, fits fp16 (the indexer's
+    dot over FP8 key codes widened to fp16)."""
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141
+    return tl.where(amax == 0.0, 0, tl.minimum(tl.maximum(e, -126), 126))
+
+
+@jit
 def bf16_bits(x):
     """fp32 -> the 16 bits of its bf16 rounding (nearest, ties to even), int32 in [0, 65536)."""
     bits = x.to(tl.int32, bitcast=True)

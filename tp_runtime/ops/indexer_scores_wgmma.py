@@ -40,6 +40,7 @@ import operator
 
 import torch
 
+from tp_runtime.ops.cache_fp8 import exp2_int, fp16_exponent
 from tp_runtime.ops.kernel_support import gjit, gl, gl_const, gl_pdl_trigger, gl_pdl_wait, gluon_hopper
 
 try:
@@ -95,16 +96,14 @@ def _q16_smem(q_ptr, sq_t, sq_h, w_ptr, sw_t, t, IH: gl.constexpr):
     if q.dtype == gl.float16:
         e = gl.zeros([HEADS], gl.int32, gl.SliceLayout(1, q_l))
     else:
-        amax = gl.max(gl.abs(qf), axis=1)  # [HEADS]
-        e = ((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 141  # floor(log2(amax)) - 14
-        e = gl.where(amax == 0.0, 0, gl.minimum(gl.maximum(e, -126), 126))
-    q16 = _to_mma_columns((qf * ((127 - e) << 23).to(gl.float32, bitcast=True)[:, None]).to(gl.float16))
+        e = fp16_exponent(gl.max(gl.abs(qf), axis=1))  # [HEADS]
+    q16 = _to_mma_columns((qf * exp2_int(-e)[:, None]).to(gl.float16))
     q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEADS, DIMS], gl.float16)
     q_smem = gl.allocate_shared_memory(gl.float16, [HEADS, DIMS], q_sl, q16)
     hw = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ACC_L))
     w = gl.load(w_ptr + t * sw_t + hw, mask=hw < IH, other=0.0).to(gl.float32)
     ew = gl.convert_layout(e, gl.SliceLayout(0, ACC_L))
-    return q_smem, w * ((127 + ew) << 23).to(gl.float32, bitcast=True)
+    return q_smem, w * exp2_int(ew)
 
 
 @gjit

@@ -68,7 +68,7 @@ from typing import NamedTuple
 
 import torch
 
-from tp_runtime.ops.cache_fp8 import exp2_int, load_key_codes, load_keys, quantize_vectors
+from tp_runtime.ops.cache_fp8 import exp2_int, fp16_exponent, load_key_codes, load_keys, quantize_vectors
 from tp_runtime.ops.indexer_scores_wgmma import codes_scores, codes_wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, regs_select_kernel,
@@ -186,9 +186,7 @@ def _fp16_q(q, w):
     if q.dtype == tl.float16:
         return q, w
     qf = q.to(tl.float32)
-    amax = tl.max(tl.abs(qf), axis=1)  # [BLOCK_H]
-    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141  # floor(log2(amax)) - 14
-    e = tl.where(amax == 0.0, 0, tl.minimum(tl.maximum(e, -126), 126))
+    e = fp16_exponent(tl.max(tl.abs(qf), axis=1))  # [BLOCK_H]
     return (qf * exp2_int(-e)[:, None]).to(tl.float16), w * exp2_int(e)
 
 
