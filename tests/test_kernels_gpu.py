@@ -38,7 +38,7 @@ pytestmark = KERNEL_MARKS
 DEV = KERNEL_DEVICE
 
 from tp_runtime.ops.indexer_topk import SELECTS, TopkConfig, indexer_scores, indexer_topk, topk_config
-from tp_runtime.ops.sparse_attention import AttnConfig, sparse_attention_sink
+from tp_runtime.ops.sparse_attention import AttnConfig, attn_config, sparse_attention_sink
 
 FLASH = ModelConfig()  # the released Flash dims are the defaults
 TOL = {torch.bfloat16: 1e-2, torch.float32: 2e-5}
@@ -202,6 +202,20 @@ def test_attention_candidate_counts_and_padding(n_cand, pattern, split):
     T, args = padded_picks_case(n_cand, pattern, torch.float32)
     out, ref = run_both(T, args, 16, config=None if split else AttnConfig(16, 32, 4, 1, 4096))
     assert rel_err(out, ref) < TOL[torch.float32], (n_cand, pattern, rel_err(out, ref))
+
+
+def test_attn_config_splits_few_tokens_into_one_tile_a_program():
+    # Decode at batch 1-2 (64 heads) and on an 8-head shard: 16 heads a program, one tile of 32 rows a program
+    # where those programs fit on the SMs at once, else 64; a program of one tile runs one stage. Many tokens: no split.
+    for n_tokens, n_heads, n_cand, rows in [(1, 64, 640, 32), (2, 64, 416, 32), (2, 64, 640, 64), (8, 8, 640, 64)]:
+        cfg = attn_config(n_tokens, n_heads, n_cand, 512, 132)
+        assert (cfg.block_h, cfg.block_n, cfg.split_len, cfg.num_stages) == (16, rows, rows, 1), (n_tokens, cfg)
+    for n_tokens in range(1, 129):
+        for n_cand in (160, 416, 640):
+            for fp8 in (False, True):
+                cfg = attn_config(n_tokens, 64, n_cand, 512, 132, fp8)
+                assert cfg.split_len % cfg.block_n == 0 and (cfg.num_stages == 1) == (cfg.split_len == cfg.block_n)
+    assert attn_config(128, 64, 640, 512, 132).split_len >= 640
 
 
 def test_attention_tiny_dims():

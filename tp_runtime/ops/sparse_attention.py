@@ -267,19 +267,24 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     """The configuration for T tokens, Hl heads, up to n_cand = W + C candidates of head_dim dims.
 
     Programs: T x ceil(Hl / block_h) x value_split x splits. From the H200 sweeps at Flash dims, 4K context
-    (benchmarks/attention_sweep.py; results/h200-2026-12-02-attention and -attention-stages), three regimes:
-    - few tokens (T x ceil(Hl / 16) x 8 <= SMs; decode at batch 1-4 with 64 heads): 16 heads a program,
-      64-row tiles split 64 candidates a program, 8 warps: the fixed cost of a program (q, index loads,
-      partials) is what these steps pay, so many short programs win (batch 1, ratio 4: 20.6 / 25.7 us bf16 /
-      FP8 rows).
-    - many tokens (T x ceil(Hl / 64) >= SMs / 2): every head of a token in one program of 8 warps (each
+    (benchmarks/attention_sweep.py; results/h200-2026-12-02-attention, -attention-stages and
+    -2026-12-04-attention-splits), three regimes:
+    - few tokens (T x ceil(Hl / 16) x 8 <= SMs; decode at batch 1-4 with 64 heads, 1-16 on an 8-head shard):
+      `_few_tokens`, 16 heads a program, 8 warps, one tile a program and so one stage: 32-row tiles where
+      those programs fit on the SMs at once, else 64-row ones. The fixed cost of a program (q, index loads,
+      partials) is what these steps pay; a one-tile program without the pipeliner's prologue is a smaller
+      kernel (Nsight Compute at batch 1: 24 % of stalls were instruction fetches). Batch 1, 64 heads, us a
+      layer, ratio 4 / 128, bf16 then FP8 rows: 15.9 / 15.3 and 17.6 / 17.4 with 64-row splits in 2 stages,
+      13.6 / 13.0 and 15.2 / 14.8 now.
+    - many tokens (T x ceil(Hl / 64) x 2 >= SMs): every head of a token in one program of 8 warps (each
       gathered row read and decoded once), no split (a split's combine and partial stores cost more than the
       idle SMs of the last wave). See `_many_tokens`.
-    - between: split to fill the SMs once; 16 heads, 32-row tiles, 4 warps, 3 stages for bf16 rows (5 stages
-      moved batch 8 / 32 by -5 to +4 %, by ratio and batch); FP8 rows with many candidates (ratio 4) all
-      heads a program, 8 warps (each row decoded once), with few (ratio 128) 16 heads in 64-row tiles, 8 warps,
-      split to fill the SMs twice where the programs fill under half of them, else not split (batch 8 / 32:
-      25.5 / 31.6 us; 35.9 / 48.7 as bf16 rows are configured).
+    - between: split to fill the SMs once; many candidates (ratio 4): all heads a program, 8 warps (each row
+      read and decoded once) for FP8 rows and for bf16 rows up to 16 such programs (batch 8 / 16, 64 heads:
+      26.9 -> 22.6 / 35.2 -> 28.0 us against 16 heads in 32-row tiles, 4 warps, 3 stages, which bf16 rows keep
+      beyond: batch 32, 45.9 against 54.9); few candidates (ratio 128): 16 heads in 64-row tiles, 8 warps,
+      split to fill the SMs twice where the programs fill under half of them, else not split (batch 8 / 32,
+      bf16 rows: 22.7 -> 16.4 / 29.7 -> 21.5 us). A split of one tile runs one stage.
     Stages: Triton's pipeliner splits `num_stages - 1` between the index loads and the gathers they address,
     and gives direct loads (ratio 128's rows) all of it: 5 stages ring 4 tiles there, so a tile is at most
     32 bf16 rows of 512 dims beside 64 heads' q (192 KB of shared memory).
@@ -300,25 +305,32 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
     elif fp32:
         cfg, fill = AttnConfig(16 if n_heads <= 16 else 32, 32 if fp8 else 64, 8, 2, 0), 1
     elif n_tokens * triton.cdiv(n_heads, 16) * 8 <= n_sm:
-        cfg, fill = AttnConfig(16, 64, 8, 2, 0), 0
+        return _few_tokens(n_tokens, n_heads, n_cand, n_sm)
     elif n_tokens * triton.cdiv(n_heads, 64) * 2 >= n_sm:
         if wgmma:
             return WGMMA_WS if fp8 and n_heads > FEW_HEADS else WGMMA
         return _many_tokens(h16, n_cand, fp8)
-    elif fp8 and n_cand >= 512:
+    elif n_cand >= 512 and (fp8 or n_tokens * triton.cdiv(n_heads, h16) <= 16):
         cfg, fill = AttnConfig(h16, 32, 8, 2, 0), 1
-    elif fp8:  # split to fill the SMs twice where the programs fill under half of them, else not at all
+    elif n_cand >= 512:
+        cfg, fill = AttnConfig(16, 32, 4, 3, 0), 1
+    else:  # split to fill the SMs twice where the programs fill under half of them, else not at all
         cfg, fill = AttnConfig(16, 64, 8, 2, 0), 2
         if n_tokens * triton.cdiv(n_heads, 16) * 2 > n_sm:
             return cfg._replace(split_len=triton.cdiv(n_cand, 64) * 64)
-    else:
-        cfg, fill = AttnConfig(16, 32, 4, 3, 0), 1
     bn = cfg.block_n
-    if fill == 0:  # as many programs as candidates allow, 64 candidates each
-        return cfg._replace(split_len=max(64, bn))
     base = n_tokens * triton.cdiv(n_heads, cfg.block_h)
     splits = 1 if base >= n_sm else max(1, min(triton.cdiv(n_cand, 64), triton.cdiv(n_sm * fill, base)))
-    return cfg._replace(split_len=triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn)
+    split_len = triton.cdiv(triton.cdiv(n_cand, splits), bn) * bn
+    # a program of one tile has no loop to pipeline: one stage (a smaller kernel, no pipeline prologue)
+    return cfg._replace(split_len=split_len, num_stages=1 if split_len == bn else cfg.num_stages)
+
+
+def _few_tokens(n_tokens: int, n_heads: int, n_cand: int, n_sm: int) -> AttnConfig:
+    """attn_config's few-token regime: 16 heads a program, 8 warps, a split of one tile a program (so one stage:
+    no loop to pipeline), 32-row tiles where those programs fill the SMs at most twice, else 64-row ones."""
+    bn = 32 if n_tokens * triton.cdiv(n_heads, 16) * triton.cdiv(n_cand, 32) <= n_sm else 64
+    return AttnConfig(16, bn, 8, 1, bn)
 
 
 def _many_tokens(h16: int, n_cand: int, fp8: bool) -> AttnConfig:
