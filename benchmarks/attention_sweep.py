@@ -37,14 +37,16 @@ VARIANTS = (  # (block_h, block_n, value_split, num_warps, num_stages); block_h 
 )
 
 
-def points(quick: bool, cache: str | None = None, batches: list[int] | None = None
+def points(quick: bool, cache: str | None = None, batches: list[int] | None = None, heads: int = 64
            ) -> list[tuple[int, int, int, bool, int]]:
-    """(batch, context, ratio, fp8 rows, local heads): every point, or those of one cache format / batches."""
-    out = [(b, 4096, r, f, 64) for f in (False, True) for r in (4, 128) for b in ((1, 128) if quick else
-                                                                                  (1, 8, 32, 128, 256))]
+    """(batch, context, ratio, fp8 rows, local heads): every point, or those of one cache format; with batches,
+    `heads` heads at those batches (any) and the other points of those batches."""
+    main = batches or ((1, 128) if quick else (1, 8, 32, 128, 256))
+    out = [(b, 4096, r, f, heads) for f in (False, True) for r in (4, 128) for b in main]
     out += [(128, 4096, 4, f, h) for f in (False, True) for h in (8, 16, 32)]
     out += [(1, 4096, 4, False, 8), (128, 32768, 4, False, 64), (128, 32768, 4, True, 64)]
-    return [p for p in out if (cache is None or p[3] == (cache == "fp8")) and (not batches or p[0] in batches)]
+    return list(dict.fromkeys(p for p in out if (cache is None or p[3] == (cache == "fp8"))
+                              and (not batches or p[0] in batches)))
 
 
 def inputs(batch: int, ctx: int, ratio: int, fp8: bool, heads: int, dev: torch.device) -> tuple:
@@ -160,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="batch 1 and 128 only at 64 heads")
     ap.add_argument("--cache", choices=("bf16", "fp8"), help="points of one cache format only")
     ap.add_argument("--batches", type=int, nargs="+", help="points of these batches only")
+    ap.add_argument("--heads", type=int, default=64, help="local heads of the points at every batch (a tp shard's)")
     ap.add_argument("--variant", action="append",
                     help="H,N,VS,WARPS,STAGES, wgmma,N,STAGES or wgmma_ws (repeat): replaces VARIANTS")
     return ap.parse_args(argv)
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
-    pts = points(a.quick, a.cache, a.batches)
+    pts = points(a.quick, a.cache, a.batches, a.heads)
     table = tuple(parse_variant(v) for v in a.variant) if a.variant else VARIANTS
     t0 = time.time()
     jobs = compile_jobs(pts, n_sm, table)
