@@ -284,7 +284,8 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
       26.9 -> 22.6 / 35.2 -> 28.0 us against 16 heads in 32-row tiles, 4 warps, 3 stages, which bf16 rows keep
       beyond: batch 32, 45.9 against 54.9); few candidates (ratio 128): 16 heads in 64-row tiles, 8 warps,
       split to fill the SMs twice where the programs fill under half of them, else not split (batch 8 / 32,
-      bf16 rows: 22.7 -> 16.4 / 29.7 -> 21.5 us). A split of one tile runs one stage.
+      bf16 rows: 22.7 -> 16.4 / 29.7 -> 21.5 us).
+    In every regime that splits, a split of one tile runs one stage (no loop for the pipeliner to overlap).
     Stages: Triton's pipeliner splits `num_stages - 1` between the index loads and the gathers they address,
     and gives direct loads (ratio 128's rows) all of it: 5 stages ring 4 tiles there, so a tile is at most
     32 bf16 rows of 512 dims beside 64 heads' q (192 KB of shared memory).
@@ -328,7 +329,7 @@ def attn_config(n_tokens: int, n_heads: int, n_cand: int, head_dim: int, n_sm: i
 
 def _few_tokens(n_tokens: int, n_heads: int, n_cand: int, n_sm: int) -> AttnConfig:
     """attn_config's few-token regime: 16 heads a program, 8 warps, a split of one tile a program (so one stage:
-    no loop to pipeline), 32-row tiles where those programs fill the SMs at most twice, else 64-row ones."""
+    no loop to pipeline), 32-row tiles where those programs fit on the SMs at once, else 64-row ones."""
     bn = 32 if n_tokens * triton.cdiv(n_heads, 16) * triton.cdiv(n_cand, 32) <= n_sm else 64
     return AttnConfig(16, bn, 8, 1, bn)
 
