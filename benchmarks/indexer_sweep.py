@@ -57,7 +57,7 @@ VARIANTS = {
     "s3": dict(stages=3),
     "s4": dict(stages=4),
     "s3 runs x2": dict(stages=3, run_scale=2),
-    "runs x2": dict(run_scale=2),  # the default's ring, twice / four times the blocks a program (fewer q loads)
+    "runs x2": dict(run_scale=2),  # the default's ring, 2 / 4 / 8 times the blocks a program (fewer q loads)
     "runs x4": dict(run_scale=4),
     "runs x8": dict(run_scale=8),
     "n128 w8 s3": dict(block_n=128, num_warps=8, stages=3),
