@@ -52,6 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 import tp_runtime  # noqa: E402
 from tp_runtime.config import RunConfig  # noqa: E402
 from tp_runtime.parallel.errors import LaunchError, LaunchRefused  # noqa: E402
+from tp_runtime.parallel import ray_reaper  # noqa: E402
 from tp_runtime.parallel.interrupt import SIGNALS  # noqa: E402
 
 # NVLink multicast off by default (it hangs or is unavailable on the hosts this runs on); a value
@@ -113,7 +114,11 @@ class EmbeddedRay:
             with _quiet_token_notice():
                 ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                          object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
-        except BaseException:  # Interrupted included: what ray.init started is ended before it propagates
+            os.environ.pop(ray_reaper.OWNER_ENV)  # Ray's servers have the mark; what this process starts later not
+        except KeyboardInterrupt:  # a signal, maybe to the whole group: Ray's servers may be dying, no call to them
+            self.reap()
+            raise
+        except BaseException:  # what ray.init started is ended before its error propagates
             self.stop()
             raise
 
@@ -136,11 +141,14 @@ def _start_reaper() -> subprocess.Popen:
     """The reaper of this process's embedded Ray (`python -m tp_runtime.parallel.ray_reaper`), its stdin a pipe
     from here: closing it, or this process's death, tells it to end what is left. It runs the tp_runtime this
     process imported, wherever that was found (its root leads the reaper's PYTHONPATH); in a session of its
-    own, so that a signal to this command's process group does not reach it."""
+    own, so that a signal to this command's process group does not reach it. This process's environment gets
+    the Ray's mark (ray_reaper.OWNER_ENV, a fresh value), which every process ray.init starts inherits."""
+    owner = uuid.uuid4().hex
+    os.environ[ray_reaper.OWNER_ENV] = owner
     root = os.path.dirname(os.path.dirname(tp_runtime.__file__))
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    return subprocess.Popen([sys.executable, "-m", "tp_runtime.parallel.ray_reaper", str(os.getpid()), ray.__file__],
-                            stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path},
+    return subprocess.Popen([sys.executable, "-m", "tp_runtime.parallel.ray_reaper", str(os.getpid()), ray.__file__,
+                             owner], stdin=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path},
                             start_new_session=True)
 
 

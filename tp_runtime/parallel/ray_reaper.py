@@ -1,13 +1,16 @@
 """The embedded Ray's reaper: ends every process of an embedded Ray that outlives it.
 
-    python -m tp_runtime.parallel.ray_reaper DRIVER_PID RAY_INIT_FILE     # stdin: a pipe from the driver
+    python -m tp_runtime.parallel.ray_reaper DRIVER_PID RAY_INIT_FILE OWNER   # stdin: a pipe from the driver
 
 Ray's own fate sharing ends the GCS, raylet and workers when the driver dies (SIGKILL), but its
 DashboardAgent and RuntimeEnvAgent first report the raylet's death to the dead GCS, with a fixed 60 s
 timeout; and a ray.init interrupted half-way (SIGINT, SIGTERM) leaves ray.shutdown() nothing to stop.
-The reaper notes the driver's descendants that are Ray's (by name, or by a command line inside the ray
-package, whose `__init__.py` is RAY_INIT_FILE; pid and start time, from /proc) twice a second while its
-stdin pipe from the driver is open. At EOF (the driver stopped Ray, failed to start it, or died) it looks
+The reaper notes the processes of this Ray (by name, or by a command line inside the ray package, whose
+`__init__.py` is RAY_INIT_FILE; pid and start time, from /proc) twice a second while its stdin pipe from the
+driver is open: the driver's descendants, and every process whose environment holds OWNER_ENV=OWNER, which
+the driver set before ray.init and Ray's processes inherit. The mark finds a process whose parent died before
+it was noted (an agent of a raylet that a signal to the process group ended: adopted by init, it is nobody's
+descendant, and it waits out its 60 s). At EOF (the driver stopped Ray, failed to start it, or died) it looks
 once more and SIGKILLs those that still exist, until a look finds no new one.
 
 ray_launch.EmbeddedRay starts it in a session of its own, with SIGINT / SIGTERM / SIGHUP ignored: a signal to
@@ -24,6 +27,7 @@ import signal
 import sys
 
 RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
+OWNER_ENV = "TP_RUNTIME_RAY_OWNER"  # the mark of one embedded Ray's processes (their driver's environment)
 LOOK_EVERY_S = 0.5
 FINAL_LOOKS = 10  # at EOF: kill and look again while new Ray processes keep appearing, at most this often
 
@@ -66,11 +70,29 @@ def descendants(driver: int) -> dict[int, tuple[str, str]]:
     return kids
 
 
-def look(driver: int, ray_code: str, seen: dict[int, str]) -> int:
-    """Note the driver's Ray descendants not yet in `seen` (pid -> start time); how many were new."""
+def marked(owner: str) -> dict[int, tuple[str, str]]:
+    """Every live process but this one whose environment holds OWNER_ENV=owner: pid -> (start time, name)."""
+    needle = f"{OWNER_ENV}={owner}".encode()
+    out = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(d) != os.getpid() and needle in open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
+                _, start, name = stat(d)
+                out[int(d)] = (start, name)
+        except (OSError, IndexError, ValueError):  # ended while being read, or not this user's
+            pass
+    return out
+
+
+def look(driver: int, ray_code: str, seen: dict[int, str], owner: str = "") -> int:
+    """Note the Ray processes of the driver's (its descendants, and those marked with `owner`) not yet in `seen`
+    (pid -> start time); how many were new."""
     new = 0
-    for pid, (start, name) in descendants(driver).items():
-        if pid not in seen and is_ray(pid, name, ray_code):
+    found = descendants(driver)
+    if owner:
+        found.update(marked(owner))
+    for pid, (start, name) in found.items():
+        if pid not in seen and pid != driver and is_ray(pid, name, ray_code):
             seen[pid], new = start, new + 1
     return new
 
@@ -85,24 +107,24 @@ def kill_seen(seen: dict[int, str]) -> None:
             pass
 
 
-def reap(driver: int, ray_code: str) -> None:
+def reap(driver: int, ray_code: str, owner: str = "") -> None:
     """Watch while stdin is open; at EOF end every Ray process of the driver's that is still there."""
     seen: dict[int, str] = {}
     while not select.select([sys.stdin], [], [], LOOK_EVERY_S)[0]:
-        look(driver, ray_code, seen)
+        look(driver, ray_code, seen, owner)
     sys.stdin.read()
     for _ in range(FINAL_LOOKS):
-        look(driver, ray_code, seen)
+        look(driver, ray_code, seen, owner)
         kill_seen(seen)
-        if not look(driver, ray_code, seen):
+        if not look(driver, ray_code, seen, owner):
             break
 
 
 def main(argv: list[str]) -> None:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # its driver's signals are not its own
         signal.signal(s, signal.SIG_IGN)
-    driver, ray_init = argv
-    reap(int(driver), os.path.dirname(ray_init) + os.sep)
+    driver, ray_init, owner = argv
+    reap(int(driver), os.path.dirname(ray_init) + os.sep, owner)
 
 
 if __name__ == "__main__":
