@@ -31,8 +31,7 @@ from tp_runtime.bench.record_file import version_of, write_records
 from tp_runtime.config import ModelConfig
 from tp_runtime.graph_timer import graph_timing
 from tp_runtime.ops.cache_fp8 import quantize_keys
-from tp_runtime.ops.indexer_scores_wgmma import codes_wgmma_fits
-from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config
+from tp_runtime.ops.indexer_topk import TopkConfig, indexer_scores, indexer_topk, topk_config, wgmma_scores
 
 M = ModelConfig()
 IH, ID, K = M.index_n_heads, M.index_head_dim, M.index_topk
@@ -72,7 +71,7 @@ def variant_config(name: str, batch: int, n_sm: int, fp8: bool = False, q_fp8: b
     """topk_config's choice (for FP8 keys where fp8; the wgmma score kernel where it covers them) with
     VARIANTS[name] applied. A score program's run keeps the default's keys where block_n changes (blocks scaled
     inversely); run_scale multiplies its blocks."""
-    wgmma = fp8 and not q_fp8 and codes_wgmma_fits(torch.device("cuda"), IH, ID, DT)
+    wgmma = wgmma_scores(torch.device("cuda"), IH, ID, DT, fp8, q_fp8)
     cfg = topk_config(batch, N_KEYS, n_sm, fp8, wgmma)
     change = dict(VARIANTS[name])
     blocks = cfg.blocks * change.pop("run_scale", 1)

@@ -342,10 +342,17 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     return out
 
 
+def wgmma_scores(device: torch.device, n_heads: int, head_dim: int, q_dtype: torch.dtype, fp8: bool,
+                 q_fp8: bool) -> bool:
+    """The Gluon score kernel (ops/indexer_scores_wgmma.py) covers this indexer: FP8 keys (fp8) scored with a
+    16-bit q, not q_fp8's FP8 dot, at its dims on a Hopper `device`."""
+    return fp8 and not q_fp8 and codes_wgmma_fits(device, n_heads, head_dim, q_dtype)
+
+
 def _default_config(q: torch.Tensor, keys: torch.Tensor, n_keys: int, q_fp8: bool) -> TopkConfig:
     """topk_config for q [T, Ih, Id] over keys (uint8: FP8 codes), the wgmma score kernel where it covers them."""
     fp8 = keys.dtype == torch.uint8
-    wgmma = fp8 and not q_fp8 and codes_wgmma_fits(q.device, q.shape[1], q.shape[2], q.dtype)
+    wgmma = wgmma_scores(q.device, q.shape[1], q.shape[2], q.dtype, fp8, q_fp8)
     return topk_config(q.shape[0], n_keys, sm_count(q.device), fp8, wgmma)
 
 
@@ -400,7 +407,7 @@ def _launch_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_sca
     else:
         key_scales = scores  # not read without FP8 keys
     if cfg.score_kernel == "wgmma":
-        assert fp8 and not q_fp8 and fused is None and codes_wgmma_fits(q.device, ih, idim, q.dtype), \
+        assert fused is None and wgmma_scores(q.device, ih, idim, q.dtype, fp8, q_fp8), \
             "the wgmma score kernel takes FP8 keys, a 16-bit q at its dims on Hopper, and no fused select"
         codes_scores(q, w, keys, key_scales, slot, n_valid, scores, idim ** -0.5 * ih ** -0.5, cfg.blocks,
                      cfg.stages, pdl, hist, bins_from, cfg.hi_bits, cfg.score_regs)
