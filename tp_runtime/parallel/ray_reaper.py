@@ -52,47 +52,53 @@ def is_ray(pid: int, name: str, ray_code: str) -> bool:
         return False
 
 
-def descendants(driver: int) -> dict[int, tuple[str, str]]:
-    """Every live descendant of `driver` but this process: pid -> (start time, name)."""
+def processes() -> dict[int, tuple[int, str, str]]:
+    """Every live process but this one: pid -> (parent pid, start time, name)."""
     procs = {}
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:
-            procs[int(d)] = stat(d)
+            if int(d) != os.getpid():
+                procs[int(d)] = stat(d)
         except (OSError, IndexError, ValueError):  # ended while being read
             pass
-    kids, todo = {}, [driver]
+    return procs
+
+
+def descendants(driver: int, procs: dict[int, tuple[int, str, str]]) -> set[int]:
+    """The descendants of `driver` among procs (`processes()`)."""
+    kids, todo = set(), [driver]
     while todo:
         parent = todo.pop()
-        for pid, (ppid, start, name) in procs.items():
-            if ppid == parent and pid != os.getpid() and pid not in kids:
-                kids[pid] = (start, name)
+        for pid, (ppid, _, _) in procs.items():
+            if ppid == parent and pid not in kids:
+                kids.add(pid)
                 todo.append(pid)
     return kids
 
 
-def marked(owner: str) -> dict[int, tuple[str, str]]:
-    """Every live process but this one whose environment holds OWNER_ENV=owner: pid -> (start time, name)."""
+def marked(owner: str, procs: dict[int, tuple[int, str, str]]) -> set[int]:
+    """The processes among procs whose environment holds OWNER_ENV=owner."""
     needle = f"{OWNER_ENV}={owner}".encode()
-    out = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
+    out = set()
+    for pid in procs:
         try:
-            if int(d) != os.getpid() and needle in open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
-                _, start, name = stat(d)
-                out[int(d)] = (start, name)
-        except (OSError, IndexError, ValueError):  # ended while being read, or not this user's
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.add(pid)
+        except OSError:  # ended since, or not this user's
             pass
     return out
 
 
 def look(driver: int, ray_code: str, seen: dict[int, str], owner: str = "") -> int:
     """Note the Ray processes of the driver's (its descendants, and those marked with `owner`) not yet in `seen`
-    (pid -> start time); how many were new."""
+    (pid -> start time); how many were new. One walk of /proc."""
+    procs = processes()
+    found = descendants(driver, procs) | (marked(owner, procs) if owner else set())
     new = 0
-    found = descendants(driver)
-    if owner:
-        found.update(marked(owner))
-    for pid, (start, name) in found.items():
-        if pid not in seen and pid != driver and is_ray(pid, name, ray_code):
+    for pid in found - {driver}:
+        _, start, name = procs[pid]
+        if pid not in seen and is_ray(pid, name, ray_code):
             seen[pid], new = start, new + 1
     return new
 
