@@ -295,7 +295,7 @@ mul.rn.bf16x2 ${out}, a, $3;
 
 
 _DECODE_ASM = gl_const("{\n.reg .b32 a, s, m, k;\nmov.b32 k, 0x7B807B80;\n" + _decode_pair("0x4140", 0)
-                     + _decode_pair("0x4342", 1) + "}")
+                        + _decode_pair("0x4342", 1) + "}")
 
 
 @gjit
