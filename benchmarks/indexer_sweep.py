@@ -8,12 +8,12 @@ runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kerne
 (topk_config's choice for the key format, "default"; the other selects; the score kernel's launches: stages, tiles,
 run lengths), the default's score kernel alone (what the select adds is the rest) and, with --baseline, another
 ops/indexer_topk.py at its own defaults (its whole top-K and its score kernel: `git show
-REV:tp_runtime/ops/indexer_topk.py > FILE`; over FP8 keys it must take them as codes and key_scales, the layout
-since FP8 keys were split in two tensors). Sized from MAX_LEN (n_keys = MAX_LEN / 4 as the full graph runs it); each
-token has context / 4 live keys. Each variant is captured in a CUDA graph and its replays timed
-(tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in turn, `rounds` times
-(interleaved, so drift hits all alike), and the median of the round medians is kept. Each variant's picks must equal
-the default's as sets (`same` in the table; the run fails otherwise). Writes table.md and timings.jsonl
+REV:tp_runtime/ops/indexer_topk.py > FILE`, and its topk_select.py beside it; over FP8 keys it must take them as
+codes and key_scales, the layout since FP8 keys were split in two tensors). Sized from MAX_LEN (n_keys = MAX_LEN / 4
+as the full graph runs it); each token has context / 4 live keys. Each variant is captured in a CUDA graph and
+its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in turn, `rounds`
+times (interleaved, so drift hits all alike), and the median of the round medians is kept. Each variant's picks
+must equal the default's as sets (`same` in the table; the run fails otherwise). Writes table.md and timings.jsonl
 (bench/record_file.py) to OUT_DIR.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -44,12 +45,16 @@ VARIANTS = {
     "fused": dict(select="fused", chunk=1024),
     "radix": dict(select="radix", chunk=2048),  # the separate one-program-per-token select
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits
-    "split c1024": dict(select="split", chunk=1024, select_warps=8),  # runs of 1024 scores
+    # the split select's runs of 512 / 1024 / 2048 scores (the default picks by batch: `_select_runs`)
+    "split c512": dict(select="split", chunk=512, select_warps=8),
+    "split c1024": dict(select="split", chunk=1024, select_warps=8),
+    "split c2048": dict(select="split", chunk=2048, select_warps=8),
     # the split select's finish and registers: one sort of 512 slots (before sort sizes), at most 64 / 80 registers
     # a thread (4 / 3 programs of 8 warps an SM; the default 72: 3), the compiler's choice (116: 2 an SM)
     "sort 512": dict(sort_sizes=1),
     "regs 64": dict(select_regs=64),
     "regs 80": dict(select_regs=80),
+    "regs 96": dict(select_regs=96),
     "regs any": dict(select_regs=0),
     # the score kernel's launch (the default's select): blocks in flight, key blocks of 128 on 8 warps, longer runs
     "s2": dict(stages=2),
@@ -96,8 +101,21 @@ def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple[tuple, d
 
 
 def load_baseline(path: Path):
-    """The module of another ops/indexer_topk.py (`git show REV:tp_runtime/ops/indexer_topk.py > FILE`)."""
-    spec = importlib.util.spec_from_file_location("baseline_indexer_topk", path)
+    """The module of another ops/indexer_topk.py (`git show REV:tp_runtime/ops/indexer_topk.py > FILE`); a
+    topk_select.py beside FILE (the same revision's) is the select module it imports, else this tree's."""
+    sibling = path.parent / "topk_select.py"
+    name = "tp_runtime.ops.topk_select"
+    own = sys.modules[name]
+    if sibling.exists():
+        sys.modules[name] = _load("baseline_topk_select", sibling)
+    try:
+        return _load("baseline_indexer_topk", path)
+    finally:
+        sys.modules[name] = own
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -294,10 +294,11 @@ def test_topk_exact_ties_and_counts(dtype, select):
 # program (145, 49 or 19 programs a token at 9236 keys), steps of 64 scores (many steps per pass) or 1024.
 FUSED_CONFIGS = [dict(), dict(hi_bits=8, lo_bits=8, blocks=8, chunk=64), dict(hi_bits=11, lo_bits=10, blocks=1),
                  dict(hi_bits=12, lo_bits=5, chunk=64, blocks=3)]
-# Split selects: runs of 1024 scores (10 a token at 9236 keys), of 256 with an 8-bit first digit (bins so wide
-# that the threshold bin's keys outgrow the sort and go digit by digit), of 2048 with 5-bit later digits.
-SPLIT_CONFIGS = [dict(select="split"), dict(select="split", chunk=256, hi_bits=8, select_warps=4),
-                 dict(select="split", chunk=2048, lo_bits=5)]
+# Split selects: the default (runs of 512 scores for these 8 tokens: 19 a token at 9236 keys; tokens of up to 2048
+# keys in registers), runs of 256 with an 8-bit first digit and tokens of up to 256 keys in registers (bins so wide
+# that the threshold bin's keys outgrow the sort and go digit by digit), of 2048 with 5-bit later digits, of 1024.
+SPLIT_CONFIGS = [dict(select="split"), dict(select="split", chunk=256, hi_bits=8, select_warps=4, regs_upto=256),
+                 dict(select="split", chunk=2048, lo_bits=5), dict(select="split", chunk=1024)]
 
 
 @pytest.mark.parametrize("change", FUSED_CONFIGS + SPLIT_CONFIGS,
@@ -310,6 +311,17 @@ def test_topk_long_context(change):
     nv = [8192, 9236, 20000, 511, 512, 513, 4097, 0]
     case = topk_case(nv, n_keys, torch.float32, seed=21, integer=True, n_heads=8, dim=16)
     check_topk(case, n_keys, k, exact=True, config=_config(len(nv), n_keys, **change))
+
+
+def test_topk_config_cuts_long_contexts_into_short_runs_where_few_tokens():
+    # Runs of 512 scores where T x ceil(n_keys / 512) programs are resident at once (three an SM), else 2048;
+    # tokens of up to 2048 keys in registers (and no bins counted for them) at every batch.
+    for n_tokens in range(1, 300):
+        cfg = topk_config(n_tokens, 9236, 132)
+        assert cfg.select == "split" and cfg.regs_upto == 2048, (n_tokens, cfg)
+        assert cfg.chunk == (512 if n_tokens * 19 <= 3 * 132 else 2048), (n_tokens, cfg)
+    assert [topk_config(t, 1024, 132).chunk for t in (198, 199)] == [512, 2048]  # 2 runs a token
+    assert topk_config(2, 300000, 132).chunk == 2048
 
 
 def test_split_select_sorts_every_candidate_count():

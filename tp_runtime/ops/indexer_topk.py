@@ -245,6 +245,7 @@ class TopkConfig(NamedTuple):
     select_regs: int = 0  # split: registers a thread at most (ptxas's maxnreg; 0: the compiler's choice)
     score_kernel: str = "triton"  # the score kernel: "triton" (`_score_kernel`), "wgmma" (ops/indexer_scores_wgmma.py)
     score_regs: int = 0  # wgmma: registers a thread at most (ptxas's maxnreg; 0: the compiler's choice)
+    regs_upto: int = 2048  # split: tokens of at most this many keys (a power of two) in registers, beyond in runs
 
 
 SELECTS = ("fused", "radix", "regs", "split")  # ops/topk_select.py
@@ -255,9 +256,19 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma:
     (Ih x Id, as many bytes as 64 bf16 keys) once for `blocks` blocks, so blocks grow with the batch while
     at least ~8 programs per SM remain (up to 8 blocks).
 
-    The select: "split" in runs of 2048 scores, 8 warps, at every batch (a token of at most 2048 keys in
-    registers). Measured on the H200 at Flash dims, score + select per layer, bf16 keys, 9236 keys a token
-    (benchmarks/indexer_sweep.py; results/h200-2026-12-03-indexer-select), us:
+    The select: "split", 8 warps, at every batch (a token of at most 2048 keys in registers), in runs of 512
+    scores where their programs are resident at once, else 2048 (`_select_runs`). Measured on the H200 at Flash
+    dims, score + select per layer, 9236 keys a token, 8192 live, bf16 / FP8 keys, us, the runs kept before
+    (2048, no register bound of their own: the baseline) against runs of 512 / 1024 / 2048 with the register
+    bound and each run's scores loaded beside the bins (results/h200-2026-12-05-indexer-select-runs):
+    | batch, 32K | baseline    | 512         | 1024        | 2048          |
+    | 1          | 24.0 / 25.2 | 20.5 / 22.7 | 26.6 / 29.8 | 28.7 / 29.0   |
+    | 2          | 29.7 / 34.7 | 23.3 / 26.1 | 32.1 / 31.6 | 29.2 / 34.4   |
+    | 8          | 47.1 / 39.3 | 43.7 / 33.2 | 45.5 / 36.9 | 46.2 / 40.3   |
+    | 16         | 37.8 / 40.1 | 38.7 / 37.9 | 41.5 / 40.8 | 41.4 / 41.1   |
+    | 32         | 58.4 / 52.2 | 59.0 / 51.9 | 60.5 / 53.7 | 58.7 / 53.1   |
+    | 128        | 114.8 / 91.7 | 133.8 / 111.6 | 124.2 / 101.1 | 114.0 / 92.4 |
+    Earlier measurements of the selects (results/h200-2026-12-03-indexer-select), bf16 keys, us:
     | batch, live context | fused | radix | regs (8 warps) | split, runs of 2048 | split, runs of 1024 |
     | 1, 32K              | 38.3  | 47.9  | 71.7           | 23.3                | 24.0                |
     | 8, 32K              | 50.5  | 55.5  | 78.8           | 30.6                | 31.1                |
@@ -295,9 +306,17 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma:
     | 256, 32K   | 176.4  | 154.0 / 156.3 / 158.4 |"""
     per_token = triton.cdiv(n_keys, 64)
     blocks = max(1, min(8, (n_tokens * per_token) // (8 * n_sm)))
+    runs = _select_runs(n_tokens, n_keys, n_sm)
     if fp8 and wgmma:
-        return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=2, select_regs=72, score_kernel="wgmma")
-    return TopkConfig(64, blocks, 4, 2048, 8, "split", stages=3 if fp8 else 2, select_regs=72)
+        return TopkConfig(64, blocks, 4, runs, 8, "split", stages=2, select_regs=72, score_kernel="wgmma")
+    return TopkConfig(64, blocks, 4, runs, 8, "split", stages=3 if fp8 else 2, select_regs=72)
+
+
+def _select_runs(n_tokens: int, n_keys: int, n_sm: int) -> int:
+    """The split select's run length: 512 scores where its T x ceil(n_keys / 512) programs are resident at once
+    (three an SM: 8 warps at 72 registers), else 2048. Tokens of up to 2048 keys (`regs_upto`) are selected in
+    registers whatever the run length."""
+    return 512 if n_tokens * triton.cdiv(n_keys, 512) <= 3 * n_sm else 2048
 
 
 def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: torch.Tensor, n_valid: torch.Tensor,
@@ -327,7 +346,7 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
             _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
         else:
             _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist,
-                           bins_from=cfg.chunk)
+                           bins_from=cfg.regs_upto)
             _launch_split(scores, hist, n_valid, out, cfg, pdl)
         return out
     _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores)
@@ -359,18 +378,20 @@ def _default_config(q: torch.Tensor, keys: torch.Tensor, n_keys: int, q_fp8: boo
 def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tensor, out: torch.Tensor,
                   cfg: TopkConfig, pdl: bool) -> None:
     """The split select into out [T, k] from scores [T, n_keys] and the bins the score kernel counted: runs of
-    cfg.chunk scores, one program each (a token of at most one run in registers)."""
+    cfg.chunk scores, one program each (a token of at most cfg.regs_upto keys in registers)."""
     T, n_keys = scores.shape
     k = out.shape[1]
     runs = triton.cdiv(n_keys, cfg.chunk)
     part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=scores.device)  # each run's lists
     cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=scores.device)  # and their counts
     cand = torch.empty(T, n_keys, dtype=torch.int32, device=scores.device)  # past RANK_N candidates: listed
-    min_n = min(1024, cfg.chunk)
+    reg_n = cfg.regs_upto
+    assert reg_n & (reg_n - 1) == 0, f"regs_upto {reg_n}: a power of two"
+    min_n = min(1024, reg_n)
     split_select_kernel[(T, runs)](
         scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
         out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
-        K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(cfg.chunk // min_n).bit_length(),
+        K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(reg_n // min_n).bit_length(),
         HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk,
         SORT_SIZES=cfg.sort_sizes, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl,
         **({"maxnreg": cfg.select_regs} if cfg.select_regs else {}))

@@ -15,8 +15,11 @@ a barrier). The token's last run to count in (`_split_finish`) gathers every run
 (a sort costs its slots: 10 us at 512 on an H200, half the select at batch 1), and takes the first ones it
 still needs; more candidates (heavy ties) are listed and resolved digit by digit as the fused select does
 (about 30 us). The kernel is held to TopkConfig.select_regs registers a thread (three programs an SM). So no program
-walks a long context alone: at 32K a token's 8192 scores are walked by 4 programs. A token with at most
-SLICE keys (no bins were counted for it) is selected by its one program in registers, as "regs".
+walks a long context alone: at 32K a token's 8192 scores are walked by 8192 / SLICE programs. A token with at
+most REG_N keys (2048 by default; no bins were counted for it) is selected by its first program in registers,
+as "regs", whatever SLICE is: a short context never pays the runs' handoff, while a long one can be cut into
+short runs where few tokens leave SMs idle. Each run loads its scores beside the bins (no round trip waits for
+the other).
 
 "regs" (`regs_select_kernel`, grid (T,)): one program per token holds all its live scores in registers
 (sizes 1024, 2048, ..: each its own code, the smallest that holds n), digit passes of BITS bits by
@@ -308,10 +311,11 @@ def split_select_kernel(
     LEVELS: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
     SORT_SIZES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (t, r): run r (SLICE scores) of token t, against the threshold bin b of the first digit (its
-    bins counted by the score kernel's programs): keys of higher bins listed as picks, those of bin b as
-    candidates, both in index order, with their counts. The token's last run to arrive (an acq_rel count)
-    finishes (`_split_finish`)."""
+    """Program (t, r): a token of at most REG_N = MIN_N 2^(LEVELS - 1) keys (no bins were counted for it) is
+    selected in registers by its program r = 0, as the register select. Beyond, run r (SLICE scores) of token
+    t, against the threshold bin b of the first digit (its bins counted by the score kernel's programs): keys
+    of higher bins listed as picks, those of bin b as candidates, both in index order, with their counts. The
+    token's last run to arrive (an acq_rel count) finishes (`_split_finish`)."""
     t = tl.program_id(0)
     r = tl.program_id(1)
     start = r * SLICE
@@ -322,16 +326,18 @@ def split_select_kernel(
         if r == 0:
             _take_all(o_row, n, K, CHUNK)
         pdl_trigger(PDL)
-    elif n <= SLICE:  # one run (no bins were counted): its keys in registers, as the register select
+    elif n <= (MIN_N << (LEVELS - 1)):  # no bins were counted: its keys in registers, as the register select
         if r == 0:
             _select_in_register_sizes(score_ptr + t * s_score, o_row, n, K, MIN_N, LEVELS, LO_BITS)
         pdl_trigger(PDL)
     elif start < n:
         row = score_ptr + t * s_score
-        b, want = _threshold_bin(hist_ptr + t * s_hist, K, HI_BITS)
         j = start + tl.arange(0, SLICE)
         m = j < n
-        digit = (order_key(tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")) >> (32 - HI_BITS))
+        # the run's scores load beside the bins (neither waits for the other's round trip)
+        score = tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")
+        b, want = _threshold_bin(hist_ptr + t * s_hist, K, HI_BITS)
+        digit = order_key(score) >> (32 - HI_BITS)
         gt = (m & (digit > b)).to(tl.int32)
         eq = (m & (digit == b)).to(tl.int32)
         n_eq = tl.sum(eq, axis=0)
@@ -367,7 +373,7 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
     n_cand = tl.sum(c_eq, axis=0)
     runs_at = runs * SLICE
     p = tl.arange(0, K_P2)
-    tl.store(o_row + p, _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken).to(tl.int64), mask=p < taken)
+    picks = _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken)  # stored last: the candidates' loads go out
     if n_cand <= RANK_N:  # sorted in the smallest of RANK_N >> (SORT_SIZES - 1), .., RANK_N that holds them
         for e in tl.static_range(SORT_SIZES):
             if e == 0:
@@ -384,6 +390,7 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
             tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
         tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
         _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
+    tl.store(o_row + p, picks.to(tl.int64), mask=p < taken)  # beside theirs (no store between the two gathers)
 
 
 @jit
