@@ -55,6 +55,11 @@ VARIANTS = {
     "regs 64": dict(select_regs=64),
     "regs 80": dict(select_regs=80),
     "regs 96": dict(select_regs=96),
+    # the split select's first digit (fewer bins to scan, more keys in the threshold bin) and its warps
+    "hi 11": dict(hi_bits=11),
+    "hi 10": dict(hi_bits=10),
+    "select w4": dict(select_warps=4),
+    "select w4 regs any": dict(select_warps=4, select_regs=0),
     "regs any": dict(select_regs=0),
     # the score kernel's launch (the default's select): blocks in flight, key blocks of 128 on 8 warps, longer runs
     "s2": dict(stages=2),

@@ -260,7 +260,7 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma:
     scores where their programs are resident at once, else 2048 (`_select_runs`). Measured on the H200 at Flash
     dims, score + select per layer, 9236 keys a token, 8192 live, bf16 / FP8 keys, us, the runs kept before
     (2048, no register bound of their own: the baseline) against runs of 512 / 1024 / 2048 with the register
-    bound and each run's scores loaded beside the bins (results/h200-2026-12-05-indexer-select-runs):
+    bound and each run's scores loaded beside the bins (results/h200-2026-12-04-indexer-select-runs):
     | batch, 32K | baseline    | 512         | 1024        | 2048          |
     | 1          | 24.0 / 25.2 | 20.5 / 22.7 | 26.6 / 29.8 | 28.7 / 29.0   |
     | 2          | 29.7 / 34.7 | 23.3 / 26.1 | 32.1 / 31.6 | 29.2 / 34.4   |
@@ -268,6 +268,8 @@ def topk_config(n_tokens: int, n_keys: int, n_sm: int, fp8: bool = False, wgmma:
     | 16         | 37.8 / 40.1 | 38.7 / 37.9 | 41.5 / 40.8 | 41.4 / 41.1   |
     | 32         | 58.4 / 52.2 | 59.0 / 51.9 | 60.5 / 53.7 | 58.7 / 53.1   |
     | 128        | 114.8 / 91.7 | 133.8 / 111.6 | 124.2 / 101.1 | 114.0 / 92.4 |
+    A first digit of 11 or 10 bits (more keys in the threshold bin to sort) and 4-warp programs lost at batch
+    1-16 (batch 1, bf16 keys: 24.2 / 38.5 / 42.3 against 21.1 us).
     Earlier measurements of the selects (results/h200-2026-12-03-indexer-select), bf16 keys, us:
     | batch, live context | fused | radix | regs (8 warps) | split, runs of 2048 | split, runs of 1024 |
     | 1, 32K              | 38.3  | 47.9  | 71.7           | 23.3                | 24.0                |
