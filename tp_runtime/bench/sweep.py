@@ -172,11 +172,11 @@ USAGE = "usage: torchrun --nproc-per-node N -m tp_runtime.bench SWEEP [key=value
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the points of tp = WORLD_SIZE; rank 0 writes and prints. As under the
     run's entry (engine/entry.py), SIGINT / SIGTERM end a rank at once and without a traceback; the agent
-    (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal. torch's `record` hands
-    a failing rank's traceback to torchrun's summary."""
-    from torch.distributed.elastic.multiprocessing.errors import record
+    (python -m tp_runtime.parallel.torchrun_main: one `error:` line) reports the signal. `record_errors` hands
+    a failing rank's traceback to torchrun's summary (parallel/error_file.py)."""
+    from tp_runtime.parallel.error_file import record_errors
 
-    return record(_rank_main)(argv)
+    return record_errors(_rank_main)(argv)
 
 
 def _rank_main(argv: list[str] | None) -> int:

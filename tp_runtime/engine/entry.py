@@ -16,13 +16,12 @@ from __future__ import annotations
 import os
 import sys
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from tp_runtime.config import ConfigError, RunConfig, config_from_dict, eager_steps_warning, load_config
 from tp_runtime.engine.command import rank_command
 from tp_runtime.engine.driver import RunResult, drive
 from tp_runtime.engine.report import report_and_status
 from tp_runtime.engine.session import RankSession
+from tp_runtime.parallel.error_file import record_errors
 from tp_runtime.parallel.launcher import run_on_ranks
 from tp_runtime.paths import check_output_file, run_reads
 
@@ -70,11 +69,11 @@ def _torchrun_config(args: list[str]) -> RunConfig:
     return cfg
 
 
-@record
+@record_errors
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the worker; rank 0 prints the report and the JSON line.
 
-    A failing rank raises (exit status 1; `record` hands the traceback to torchrun's summary); the
+    A failing rank raises (exit status 1; `record_errors` hands the traceback to torchrun's summary); the
     others then fail in their next collective (a closed connection at once, a hung peer after
     parallel.timeout_s), and torchrun stops the rest, so every rank exits non-zero in bounded time.
     SIGINT / SIGTERM (a Ctrl-C reaches the agent and every rank; the agent passes its own on) end a rank

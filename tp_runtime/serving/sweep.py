@@ -21,10 +21,9 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from tp_runtime.engine.command import Usage, launch_command, rank_command
 from tp_runtime.optional_plots import write_optional_plots
+from tp_runtime.parallel.error_file import record_errors
 from tp_runtime.parallel.launcher import check_launchable, run_on_ranks
 from tp_runtime.paths import check_output_dir, run_reads
 from tp_runtime.results_folder import ResultsFolder, results_path
@@ -104,7 +103,7 @@ USAGE = ("usage: python -m tp_runtime.parallel.torchrun_main [--standalone | --n
          "CONFIG [key=value ...]")
 
 
-@record
+@record_errors
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry: every rank runs the benchmark at tp = WORLD_SIZE; rank 0 writes and prints. SIGINT /
     SIGTERM end a rank at once and without a traceback, as under the run's entry (engine/entry.py)."""
