@@ -114,13 +114,14 @@ class EmbeddedRay:
             with _quiet_token_notice():
                 ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                          object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, logging_level=logging.WARNING)
-            os.environ.pop(ray_reaper.OWNER_ENV)  # Ray's servers have the mark; what this process starts later not
         except KeyboardInterrupt:  # a signal, maybe to the whole group: Ray's servers may be dying, no call to them
             self.reap()
             raise
         except BaseException:  # what ray.init started is ended before its error propagates
             self.stop()
             raise
+        finally:  # Ray's servers inherited the mark; whatever ray.init did, what this process starts later must not
+            os.environ.pop(ray_reaper.OWNER_ENV, None)
 
     def stop(self) -> None:
         try:

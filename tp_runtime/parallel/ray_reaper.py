@@ -25,6 +25,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Iterable
 
 RAY_NAMES = ("ray::", "raylet", "gcs_server")  # Ray's processes; the driver's other children are left alone
 OWNER_ENV = "TP_RUNTIME_RAY_OWNER"  # the mark of one embedded Ray's processes (their driver's environment)
@@ -76,11 +77,11 @@ def descendants(driver: int, procs: dict[int, tuple[int, str, str]]) -> set[int]
     return kids
 
 
-def marked(owner: str, procs: dict[int, tuple[int, str, str]]) -> set[int]:
-    """The processes among procs whose environment holds OWNER_ENV=owner."""
+def marked(owner: str, pids: Iterable[int]) -> set[int]:
+    """The processes among pids whose environment holds OWNER_ENV=owner."""
     needle = f"{OWNER_ENV}={owner}".encode()
     out = set()
-    for pid in procs:
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if needle in f.read().split(b"\0"):
@@ -92,9 +93,12 @@ def marked(owner: str, procs: dict[int, tuple[int, str, str]]) -> set[int]:
 
 def look(driver: int, ray_code: str, seen: dict[int, str], owner: str = "") -> int:
     """Note the Ray processes of the driver's (its descendants, and those marked with `owner`) not yet in `seen`
-    (pid -> start time); how many were new. One walk of /proc."""
+    (pid -> start time); how many were new. One walk of /proc; the environments read are those of the processes
+    neither seen nor descendants (a look every half second need not reread the same files)."""
     procs = processes()
-    found = descendants(driver, procs) | (marked(owner, procs) if owner else set())
+    found = descendants(driver, procs)
+    if owner:
+        found |= marked(owner, procs.keys() - found - seen.keys())
     new = 0
     for pid in found - {driver}:
         _, start, name = procs[pid]
