@@ -324,6 +324,20 @@ def test_topk_config_cuts_long_contexts_into_short_runs_where_few_tokens():
     assert topk_config(2, 300000, 132).chunk == 2048
 
 
+def test_split_select_runs_beyond_the_resident_programs():
+    # 48 tokens of a 32K capacity in runs of 256 scores: 48 x 37 programs, more than a GPU holds at once, so
+    # runs wait on tickets taken by programs still to come and on earlier runs' published counts. Mixed counts
+    # (long, at the register bound and past it, short); integer inputs (exact ties): the picks equal the radix
+    # select's as sets.
+    n_keys, k = 9236, 512
+    nv = [9236, 8192, 2049, 2048, 600, 5000, 0, 8000] * 6
+    case = topk_case(nv, n_keys, torch.float32, seed=31, integer=True, n_heads=8, dim=16)
+    cfg = _config(len(nv), n_keys, select="split", chunk=256)
+    check_topk(case, n_keys, k, exact=True, config=cfg)
+    radix = indexer_topk(*case, n_keys, k, config=cfg._replace(select="radix", chunk=1024))
+    assert torch.equal(indexer_topk(*case, n_keys, k, config=cfg).sort(dim=1).values, radix.sort(dim=1).values)
+
+
 def test_split_select_sorts_every_candidate_count():
     # Float scores, first digits of 9 to 12 bits: the threshold bin holds from tens to about a thousand keys over
     # these tokens (each range asserted below: the draws differ on the CPU and the GPU), so the split select

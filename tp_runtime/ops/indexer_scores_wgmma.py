@@ -153,7 +153,7 @@ def _codes_score_kernel(
     ks_ptr, sks_slot,  # key scales [slots, N] fp32, last dim contiguous
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
-    hist_ptr, s_hist,  # BINS: zeroed [T, 2^HI_BITS + 1] int32, the first digit's bins
+    hist_ptr, s_hist,  # BINS: zeroed [T, >= 2^HI_BITS + 1] int32, the first digit's bins
     n_keys, scale,
     IH: gl.constexpr, BLOCKS: gl.constexpr, STAGES: gl.constexpr, BINS: gl.constexpr, BINS_FROM: gl.constexpr,
     HI_BITS: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,

@@ -72,7 +72,7 @@ from tp_runtime.ops.cache_fp8 import exp2_int, fp16_exponent, load_key_codes, lo
 from tp_runtime.ops.indexer_scores_wgmma import codes_scores, codes_wgmma_fits
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, row_align, sm_count, tl, triton
 from tp_runtime.ops.topk_select import (RANK_N, order_key, radix_select_kernel, regs_select_kernel,
-                                        select_token, split_select_kernel)
+                                        select_token, split_hist_width, split_select_kernel)
 
 
 @jit
@@ -83,7 +83,7 @@ def _score_kernel(
     ks_ptr, sks_slot,  # FP8: key scales [slots, N] fp32, last dim contiguous
     slot_ptr, nv_ptr,  # [T] long each
     score_ptr, s_score,  # scratch [T, n_keys] fp32
-    hist_ptr, s_hist,  # BINS: zeroed scratch [T, 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
+    hist_ptr, s_hist,  # BINS: zeroed scratch [T, >= 2^HI_BITS + 1] int32 (the first digit's bins, then arrivals)
     cand_ptr, s_cand,  # FUSED: scratch [T, n_keys] int32 (indices of the first digit's threshold bin)
     out_ptr, s_out,  # FUSED: [T, K] long
     n_keys, K, scale,
@@ -341,8 +341,10 @@ def indexer_topk(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, slot: tor
     cfg = config or _default_config(q, keys, n_keys, q_fp8)
     assert cfg.select in SELECTS, cfg.select
     scores = torch.empty(T, n_keys, dtype=torch.float32, device=q.device)
-    if cfg.select in ("fused", "split"):  # the first digit's bins and the arrival count: zeroed first, in stream
-        hist = torch.zeros(T, (1 << cfg.hi_bits) + 1, dtype=torch.int32, device=q.device)
+    if cfg.select in ("fused", "split"):  # the first digit's bins and the arrival count (split: tickets and the
+        # runs' published counts too): zeroed first, in stream
+        width = (1 << cfg.hi_bits) + 1 if cfg.select == "fused" else split_hist_width(cfg.hi_bits, n_keys, cfg.chunk)
+        hist = torch.zeros(T, width, dtype=torch.int32, device=q.device)
         if cfg.select == "fused":
             cand = torch.empty(T, n_keys, dtype=torch.int32, device=q.device)
             _launch_scores(q, w, keys, key_scales, slot, n_valid, k, cfg, pdl, q_fp8, scores, hist, (cand, out))
@@ -384,16 +386,15 @@ def _launch_split(scores: torch.Tensor, hist: torch.Tensor, n_valid: torch.Tenso
     T, n_keys = scores.shape
     k = out.shape[1]
     runs = triton.cdiv(n_keys, cfg.chunk)
-    part = torch.empty(T, runs, cfg.chunk, dtype=torch.int32, device=scores.device)  # each run's lists
-    cnt = torch.empty(T, runs, 2, dtype=torch.int32, device=scores.device)  # and their counts
-    cand = torch.empty(T, n_keys, dtype=torch.int32, device=scores.device)  # past RANK_N candidates: listed
+    cand = torch.empty(T, n_keys, dtype=torch.int32, device=scores.device)  # the threshold bin's keys
     reg_n = cfg.regs_upto
     assert reg_n & (reg_n - 1) == 0, f"regs_upto {reg_n}: a power of two"
+    assert hist.shape[1] >= split_hist_width(cfg.hi_bits, n_keys, cfg.chunk), hist.shape
     min_n = min(1024, reg_n)
     split_select_kernel[(T, runs)](
-        scores, scores.stride(0), hist, hist.stride(0), part, cnt, cand, cand.stride(0), n_valid, out,
-        out.stride(0), n_keys, k, runs, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
-        K_P2=triton.next_power_of_2(k), RANK_N=RANK_N, MIN_N=min_n, LEVELS=(reg_n // min_n).bit_length(),
+        scores, scores.stride(0), hist, hist.stride(0), cand, cand.stride(0), n_valid, out,
+        out.stride(0), n_keys, k, SLICE=cfg.chunk, R_P2=triton.next_power_of_2(runs),
+        RANK_N=RANK_N, MIN_N=min_n, LEVELS=(reg_n // min_n).bit_length(),
         HI_BITS=cfg.hi_bits, LO_BITS=cfg.lo_bits, LO_PASSES=-(-(32 - cfg.hi_bits) // cfg.lo_bits), CHUNK=cfg.chunk,
         SORT_SIZES=cfg.sort_sizes, PDL=pdl, num_warps=cfg.select_warps, launch_pdl=pdl,
         **({"maxnreg": cfg.select_regs} if cfg.select_regs else {}))

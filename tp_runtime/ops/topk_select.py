@@ -6,20 +6,25 @@ every key above it and, of the keys equal to it, the lowest indices. Four select
 `indexer_topk.topk_config` picks "split"). Each reads the score kernel's scratch rows of scores and, for
 "split" and "fused", the bins of the first digit its programs counted (the top HI_BITS bits).
 
-"split" (`split_select_kernel`, grid (T, runs of SLICE scores)): each program takes the threshold bin b
-(the bin of the K-th largest key, from the bins alone), lists its run's keys of higher bins (picks) and of
-bin b (candidates), each in index order, stores their counts and counts itself in (an acq_rel atomic after
-a barrier). The token's last run to count in (`_split_finish`) gathers every run's picks into place at once
-(positions by prefix sums: deterministic), then sorts the candidates, at most RANK_N of them (~1-5 % of
-8192 random scores), by key and then lower index, in the smallest of 128, 256 or 512 slots that holds them
-(a sort costs its slots: 10 us at 512 on an H200, half the select at batch 1), and takes the first ones it
-still needs; more candidates (heavy ties) are listed and resolved digit by digit as the fused select does
-(about 30 us). The kernel is held to TopkConfig.select_regs registers a thread (three programs an SM). So no program
-walks a long context alone: at 32K a token's 8192 scores are walked by 8192 / SLICE programs. A token with at
-most REG_N keys (2048 by default; no bins were counted for it) is selected by its first program in registers,
-as "regs", whatever SLICE is: a short context never pays the runs' handoff, while a long one can be cut into
-short runs where few tokens leave SMs idle. Each run loads its scores beside the bins (no round trip waits for
-the other).
+"split" (`split_select_kernel`, grid (T, runs of SLICE scores)): each program takes a ticket, its run (an
+atomic count: tickets go in the order programs start), and the threshold bin b (the bin of the K-th largest
+key, from the bins alone); it counts its run's keys of higher bins (picks) and of bin b (candidates) and
+publishes both counts (one int64 word a run in the token's zeroed scratch row), then sums those of the runs
+before it, waiting for any not yet published (each of them started before it and publishes before it waits:
+no deadlock). Those sums place its picks straight into the token's row of picks and its candidates into the
+token's one list, both in index order (deterministic: positions by the counts, not by timing). It counts
+itself in (an acq_rel atomic after a barrier); the token's last run to count in (`_split_finish`) sorts the
+candidates, at most RANK_N of them (~1-5 % of 8192 random scores), by key and then lower index, in the
+smallest of 128, 256 or 512 slots that holds them (a sort costs its slots: 10 us at 512 on an H200), and
+takes the first ones it still needs; more candidates (heavy ties) are resolved digit by digit as the fused
+select does (about 30 us). Before, the last run gathered every run's lists into place; that finish was long
+straight-line code that each token's last program fetched cold (Nsight Compute: instruction fetch was 58 % of
+the select's stalls at batch 1 / 32K). The kernel is held to TopkConfig.select_regs registers a thread (three
+programs an SM). So no program walks a long context alone: at 32K a token's 8192 scores are walked by
+8192 / SLICE programs. A token with at most REG_N keys (2048 by default; no bins were counted for it) is
+selected by its first program in registers, as "regs", whatever SLICE is: a short context never pays the
+runs' handoff, while a long one can be cut into short runs where few tokens leave SMs idle. Each run loads its
+scores beside the bins (no round trip waits for the other).
 
 "regs" (`regs_select_kernel`, grid (T,)): one program per token holds all its live scores in registers
 (sizes 1024, 2048, ..: each its own code, the smallest that holds n), digit passes of BITS bits by
@@ -38,10 +43,14 @@ Every select writes 0 .. n-1 and -1 after them when n <= K, with no host branch.
 valid indices first, then -1, in index order ("radix", "regs") or the keys of higher first-digit bins by
 index, then those of the threshold bin ("split", "fused").
 
-PDL (ops/kernel_support.py): each select kernel waits before its first load (the token's count, then the
-scores, bins and counts of the score kernel, which its wait orders it after) and triggers after its last
-load of them (at once where a token has no more than K keys). The split and fused selects' last programs
-read their own kernel's stores, ordered by the count's release and acquire.
+PDL (ops/kernel_support.py): each select kernel waits before its first load of the score kernel's data (the
+scores, the bins) and triggers after its last load of them (at once where a token has no more than K keys).
+The radix and regs selects load the token's count after the wait too; the split select loads it and
+takes its ticket before (their round trips overlap the score kernel's tail): kernels before the score
+kernel wrote the count and zeroed the tickets, and the select launches only once every score program has
+passed its own wait, which returns once those kernels have completed and their writes are visible. The split
+select's runs read each other's published counts by acquiring atomics; the split and fused selects' last
+programs read their own kernel's stores, ordered by the count's release and acquire.
 """
 
 from __future__ import annotations
@@ -49,6 +58,13 @@ from __future__ import annotations
 from tp_runtime.ops.kernel_support import jit, pdl_trigger, pdl_wait, tl
 
 RANK_N = 512  # split: threshold-bin keys sorted at once up to this many
+
+
+def split_hist_width(hi_bits: int, n_keys: int, slice_: int) -> int:
+    """int32 columns a token's row of the split select's zeroed scratch takes: 2^hi_bits bins, the arrival count,
+    the ticket count, then an int64 word a run (its published counts; two columns each, 8-byte aligned)."""
+    runs = -(-n_keys // slice_)
+    return (1 << hi_bits) + 2 + 2 * (1 << (runs - 1).bit_length())
 
 
 @jit
@@ -287,93 +303,101 @@ def _threshold_bin(hist_row, K, HI_BITS: tl.constexpr):
 
 
 @jit
-def _run_lists(part_row, at, start, count, pos, live):
-    """Entries pos [P] of the runs' lists joined in run order (run r's: count[r] entries from part_row + at[r];
-    start [R]: count's exclusive prefix sum) -> [P] int32, 0 where not live."""
-    end = start + count
-    r = tl.sum((end[None, :] <= pos[:, None]).to(tl.int32), axis=1)  # the runs ending at or before pos: its run
-    pick = tl.arange(0, start.shape[0])[None, :] == r[:, None]  # [P, R]
-    base = tl.sum(tl.where(pick, (at - start)[None, :], 0), axis=1)  # its list's offset less its first entry
-    return tl.load(part_row + base + pos, mask=live, other=0, cache_modifier=".cg")
-
-
-@jit
 def split_select_kernel(
     score_ptr, s_score,  # [T, n_keys] fp32 (the first n[t] of each row written)
-    hist_ptr, s_hist,  # [T, 2^HI_BITS + 1] int32: the first digit's bins (the score kernel's), then arrivals
-    part_ptr,  # scratch [T, R, SLICE] int32: run r's picks from its start, its threshold-bin keys at its end
-    cnt_ptr,  # scratch [T, R, 2] int32: run r's counts of both
-    cand_ptr, s_cand,  # scratch [T, n_keys] int32 (the threshold bin's keys, where more than RANK_N)
+    hist_ptr, s_hist,  # [T, HIST_W] int32, zeroed: the first digit's bins (the score kernel's), arrivals, tickets,
+    # then the runs' published counts as int64 words (`split_hist_width`)
+    cand_ptr, s_cand,  # scratch [T, n_keys] int32: the threshold bin's keys, one list in index order
     nv_ptr,  # [T] long
     out_ptr, s_out,  # [T, K] long
-    n_keys, K, R,
-    SLICE: tl.constexpr, R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, MIN_N: tl.constexpr,
+    n_keys, K,
+    SLICE: tl.constexpr, R_P2: tl.constexpr, RANK_N: tl.constexpr, MIN_N: tl.constexpr,
     LEVELS: tl.constexpr, HI_BITS: tl.constexpr, LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr,
     SORT_SIZES: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program (t, r): a token of at most REG_N = MIN_N 2^(LEVELS - 1) keys (no bins were counted for it) is
-    selected in registers by its program r = 0, as the register select. Beyond, run r (SLICE scores) of token
-    t, against the threshold bin b of the first digit (its bins counted by the score kernel's programs): keys
-    of higher bins listed as picks, those of bin b as candidates, both in index order, with their counts. The
-    token's last run to arrive (an acq_rel count) finishes (`_split_finish`)."""
+    """Program (t, .): a token of at most REG_N = MIN_N 2^(LEVELS - 1) keys (no bins were counted for it) is
+    selected in registers by its program 0, as the register select. Beyond, the program takes a ticket i (an
+    atomic count: tickets go in the order programs start) and walks run i (SLICE scores) against the threshold
+    bin b of the first digit: it publishes its counts of keys above bin b (picks) and in it (candidates), sums
+    those of runs 0 .. i - 1 (waiting for any not yet published: each of them started before it, and publishes
+    before it waits), and stores its picks into place in the token's row of picks and its candidates into the
+    token's one list, both in index order. The token's last run to arrive (an acq_rel count) finishes
+    (`_split_finish`)."""
     t = tl.program_id(0)
-    r = tl.program_id(1)
-    start = r * SLICE
-    pdl_wait(PDL)
-    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    first = tl.program_id(1) == 0
     o_row = out_ptr + t * s_out
+    h_row = hist_ptr + t * s_hist
+    # Before the wait (`PDL` in the module docstring): the token's count and, past the register bound, this
+    # program's run (a ticket).
+    n = tl.minimum(tl.load(nv_ptr + t), n_keys).to(tl.int32)
+    runs = n > (MIN_N << (LEVELS - 1))
+    r = tl.atomic_add(h_row + (1 << HI_BITS) + 1, 1, mask=runs, sem="relaxed")
+    pdl_wait(PDL)
     if n <= K:
-        if r == 0:
+        if first:
             _take_all(o_row, n, K, CHUNK)
         pdl_trigger(PDL)
     elif n <= (MIN_N << (LEVELS - 1)):  # no bins were counted: its keys in registers, as the register select
-        if r == 0:
+        if first:
             _select_in_register_sizes(score_ptr + t * s_score, o_row, n, K, MIN_N, LEVELS, LO_BITS)
         pdl_trigger(PDL)
-    elif start < n:
-        row = score_ptr + t * s_score
-        j = start + tl.arange(0, SLICE)
-        m = j < n
-        # the run's scores load beside the bins (neither waits for the other's round trip)
-        score = tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")
-        b, want = _threshold_bin(hist_ptr + t * s_hist, K, HI_BITS)
-        digit = order_key(score) >> (32 - HI_BITS)
-        gt = (m & (digit > b)).to(tl.int32)
-        eq = (m & (digit == b)).to(tl.int32)
-        n_eq = tl.sum(eq, axis=0)
-        part = part_ptr + (t * R + r) * SLICE
-        tl.store(part + tl.cumsum(gt, axis=0) - gt, j, mask=gt != 0)
-        tl.store(part + SLICE - n_eq + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
-        tl.store(cnt_ptr + (t * R + r) * 2, tl.sum(gt, axis=0))
-        tl.store(cnt_ptr + (t * R + r) * 2 + 1, n_eq)
-        tl.debug_barrier()  # every thread's stores of this program before the release
+    else:
         n_runs = tl.cdiv(n, SLICE)
-        if tl.atomic_add(hist_ptr + t * s_hist + (1 << HI_BITS), 1, sem="acq_rel") == n_runs - 1:
-            _split_finish(row, part_ptr + t * R * SLICE, cnt_ptr + t * R * 2, cand_ptr + t * s_cand, o_row, n,
-                          want, b, n_runs, SLICE, R_P2, K_P2, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
-                          CHUNK, SORT_SIZES)
+        if r < n_runs:
+            row = score_ptr + t * s_score
+            j = r * SLICE + tl.arange(0, SLICE)
+            m = j < n
+            # the run's scores load beside the bins (neither waits for the other's round trip)
+            score = tl.load(row + j, mask=m, other=0.0, cache_modifier=".cg")
+            b, want = _threshold_bin(h_row, K, HI_BITS)
+            digit = order_key(score) >> (32 - HI_BITS)
+            gt = (m & (digit > b)).to(tl.int32)
+            eq = (m & (digit == b)).to(tl.int32)
+            counts = _look_back(h_row + (1 << HI_BITS) + 2, r, tl.sum(gt, axis=0), tl.sum(eq, axis=0), R_P2)
+            tl.store(o_row + counts[0] + tl.cumsum(gt, axis=0) - gt, j.to(tl.int64), mask=gt != 0)
+            cand_row = cand_ptr + t * s_cand
+            tl.store(cand_row + counts[1] + tl.cumsum(eq, axis=0) - eq, j, mask=eq != 0)
+            tl.debug_barrier()  # every thread's stores of this program before the release
+            if tl.atomic_add(h_row + (1 << HI_BITS), 1, sem="acq_rel") == n_runs - 1:
+                taken, n_cand = _published_totals(h_row + (1 << HI_BITS) + 2, n_runs, R_P2)
+                _split_finish(row, cand_row, o_row + taken, n_cand, want, b, RANK_N, HI_BITS, LO_BITS, LO_PASSES,
+                              CHUNK, SORT_SIZES)
         pdl_trigger(PDL)
 
 
 @jit
-def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, SLICE: tl.constexpr,
-                  R_P2: tl.constexpr, K_P2: tl.constexpr, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
-                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, SORT_SIZES: tl.constexpr):
-    """The token's picks from its runs' lists: every run's picks, in run order (one gather: fewer than K), then
-    `want` of the threshold bin's keys: sorted at once where at most RANK_N (by key, ties to the lower index;
-    in the smallest of SORT_SIZES sizes that holds them, each its own code: a sort costs its size, 10 us at
-    512 on an H200, 4 at 256), else listed and resolved digit by digit as the fused select does."""
+def _look_back(pub_row, r, c_gt, c_eq, R_P2: tl.constexpr):
+    """Publish run r's counts (c_gt, c_eq) at pub_row (int32 pairs read as int64 words, zeroed: 0 = not yet),
+    then wait until runs 0 .. r - 1 have published theirs -> (their picks, their candidates): where this run's
+    lists start."""
+    words = pub_row.to(tl.pointer_type(tl.int64))
+    flag = tl.full([], 1 << 62, tl.int64)
+    tl.atomic_xchg(words + r, flag | (c_gt.to(tl.int64) << 31) | c_eq.to(tl.int64), sem="release")
     runs = tl.arange(0, R_P2)
-    rm = runs < n_runs
-    c_gt = tl.load(cnt_row + runs * 2, mask=rm, other=0, cache_modifier=".cg")
-    c_eq = tl.load(cnt_row + runs * 2 + 1, mask=rm, other=0, cache_modifier=".cg")
-    s_gt = tl.cumsum(c_gt, axis=0) - c_gt
-    s_eq = tl.cumsum(c_eq, axis=0) - c_eq
-    taken = tl.sum(c_gt, axis=0)
-    n_cand = tl.sum(c_eq, axis=0)
-    runs_at = runs * SLICE
-    p = tl.arange(0, K_P2)
-    picks = _run_lists(part_row, runs_at, s_gt, c_gt, p, p < taken)  # stored last: the candidates' loads go out
+    before = runs < r
+    w = tl.atomic_add(words + runs, 0, mask=before, sem="acquire")
+    while tl.sum((before & (w == 0)).to(tl.int32), axis=0) > 0:
+        w = tl.atomic_add(words + runs, 0, mask=before, sem="acquire")
+    w = tl.where(before, w, 0)
+    return (tl.sum((w >> 31) & 0x7FFFFFFF, axis=0).to(tl.int32), tl.sum(w & 0x7FFFFFFF, axis=0).to(tl.int32))
+
+
+@jit
+def _published_totals(pub_row, n_runs, R_P2: tl.constexpr):
+    """The picks and candidates of all n_runs runs (every one published before it counted itself in)."""
+    words = pub_row.to(tl.pointer_type(tl.int64))
+    runs = tl.arange(0, R_P2)
+    w = tl.load(words + runs, mask=runs < n_runs, other=0, cache_modifier=".cg")
+    return tl.sum((w >> 31) & 0x7FFFFFFF, axis=0).to(tl.int32), tl.sum(w & 0x7FFFFFFF, axis=0).to(tl.int32)
+
+
+@jit
+def _split_finish(row, cand_row, o_row, n_cand, want, b, RANK_N: tl.constexpr, HI_BITS: tl.constexpr,
+                  LO_BITS: tl.constexpr, LO_PASSES: tl.constexpr, CHUNK: tl.constexpr, SORT_SIZES: tl.constexpr):
+    """`want` of the threshold bin's n_cand keys (listed at cand_row in index order) into o_row: sorted at once
+    where at most RANK_N (by key, ties to the lower index; in the smallest of SORT_SIZES sizes that holds them,
+    each its own code: a sort costs its size, 10 us at 512 on an H200, 4 at 256), else resolved digit by digit
+    as the fused select does."""
     if n_cand <= RANK_N:  # sorted in the smallest of RANK_N >> (SORT_SIZES - 1), .., RANK_N that holds them
         for e in tl.static_range(SORT_SIZES):
             if e == 0:
@@ -381,26 +405,18 @@ def _split_finish(row, part_row, cnt_row, cand_row, o_row, n, want, b, n_runs, S
             else:
                 fits = (n_cand <= (RANK_N >> (SORT_SIZES - 1 - e))) & (n_cand > (RANK_N >> (SORT_SIZES - e)))
             if fits:
-                _sort_listed(row, part_row, runs_at + SLICE - c_eq, s_eq, c_eq, o_row + taken, n_cand, want,
-                             RANK_N >> (SORT_SIZES - 1 - e))
+                _sort_listed(row, cand_row, o_row, n_cand, want, RANK_N >> (SORT_SIZES - 1 - e))
     else:
-        for c0 in range(0, n_cand, RANK_N):
-            c = c0 + tl.arange(0, RANK_N)
-            cm = c < n_cand
-            tl.store(cand_row + c, _run_lists(part_row, runs_at + SLICE - c_eq, s_eq, c_eq, c, cm), mask=cm)
-        tl.debug_barrier()  # the list, stored by every thread, before any thread reads it back
-        _take_listed(row, cand_row, o_row + taken, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
-    tl.store(o_row + p, picks.to(tl.int64), mask=p < taken)  # beside theirs (no store between the two gathers)
+        _take_listed(row, cand_row, o_row, n_cand, b, want, HI_BITS, LO_BITS, LO_PASSES, CHUNK)
 
 
 @jit
-def _sort_listed(row, part_row, at, start, count, o_row, n_cand, want, N: tl.constexpr):
-    """The `want` largest of the n_cand <= N keys row[i] listed in the runs' lists (run r's count[r] entries
-    from part_row + at[r]; start: count's exclusive prefix sum), ties to the lower index, into o_row: one sort
-    of N slots, largest first, of (key, then the lower index first)."""
+def _sort_listed(row, cand_row, o_row, n_cand, want, N: tl.constexpr):
+    """The `want` largest of the n_cand <= N keys row[i] listed at cand_row (index order), ties to the lower
+    index, into o_row: one sort of N slots, largest first, of (key, then the lower index first)."""
     c = tl.arange(0, N)
     cm = c < n_cand
-    idx = _run_lists(part_row, at, start, count, c, cm)  # [N] in index order
+    idx = tl.load(cand_row + c, mask=cm, other=0, cache_modifier=".cg")  # [N] in index order
     key = _order_key32(tl.load(row + idx, mask=cm, other=0.0, cache_modifier=".cg"))  # [N] uint32
     low = tl.full([N], 0xFFFFFFFF, tl.uint64) - idx.to(tl.uint64)
     order = tl.sort(tl.where(cm, (key.to(tl.uint64) << 32) | low, 0), descending=True)
