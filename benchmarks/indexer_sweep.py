@@ -41,7 +41,8 @@ N_KEYS = MAX_LEN // 4
 DT = torch.bfloat16
 # name -> changes to topk_config's choice
 VARIANTS = {
-    "default": dict(),  # topk_config's choice (the split select, runs of 2048); the others are checked against it
+    "default": dict(),  # topk_config's choice (the split select, runs of 512 or 2048); the others are checked
+    # against it
     "fused": dict(select="fused", chunk=1024),
     "radix": dict(select="radix", chunk=2048),  # the separate one-program-per-token select
     "regs w8": dict(select="regs", chunk=1024, select_warps=8),  # the scores in registers, 8-bit digits

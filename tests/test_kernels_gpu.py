@@ -326,7 +326,8 @@ def test_topk_config_cuts_long_contexts_into_short_runs_where_few_tokens():
 
 def test_split_select_runs_beyond_the_resident_programs():
     # 48 tokens of a 32K capacity in runs of 256 scores: 48 x 37 programs, more than a GPU holds at once, so
-    # runs wait on tickets taken by programs still to come and on earlier runs' published counts. Mixed counts
+    # tickets go out over several waves and a run waits on earlier runs' published counts, whose programs are
+    # running or done (tickets go in start order). Mixed counts
     # (long, at the register bound and past it, short); integer inputs (exact ties): the picks equal the radix
     # select's as sets.
     n_keys, k = 9236, 512
