@@ -8,13 +8,13 @@ runtime.indexer_q=e4m3 rounds it, which over FP8 keys is the FP8-dot score kerne
 (topk_config's choice for the key format, "default"; the other selects; the score kernel's launches: stages, tiles,
 run lengths), the default's score kernel alone (what the select adds is the rest) and, with --baseline, another
 ops/indexer_topk.py at its own defaults (its whole top-K and its score kernel: `git show
-REV:tp_runtime/ops/indexer_topk.py > FILE`, and its topk_select.py beside it; over FP8 keys it must take them as
-codes and key_scales, the layout since FP8 keys were split in two tensors). Sized from MAX_LEN (n_keys = MAX_LEN / 4
-as the full graph runs it); each token has context / 4 live keys. Each variant is captured in a CUDA graph and
-its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the variants are timed in turn, `rounds`
-times (interleaved, so drift hits all alike), and the median of the round medians is kept. Each variant's picks
-must equal the default's as sets (`same` in the table; the run fails otherwise). Writes table.md and timings.jsonl
-(bench/record_file.py) to OUT_DIR.
+REV:tp_runtime/ops/indexer_topk.py > FILE`, and its topk_select.py and indexer_scores_wgmma.py beside it; over
+FP8 keys it must take them as codes and key_scales, the layout since FP8 keys were split in two tensors). Sized
+from MAX_LEN (n_keys = MAX_LEN / 4 as the full graph runs it); each token has context / 4 live keys. Each variant
+is captured in a CUDA graph and its replays timed (tp_runtime.graph_timer, L2 flushed before each replay); the
+variants are timed in turn, `rounds` times (interleaved, so drift hits all alike), and the median of the round
+medians is kept. Each variant's picks must equal the default's as sets (`same` in the table; the run fails
+otherwise). Writes table.md and timings.jsonl (bench/record_file.py) to OUT_DIR.
 """
 
 from __future__ import annotations
@@ -106,18 +106,23 @@ def inputs(batch: int, ctx: int, fp8: bool, dev: torch.device) -> tuple[tuple, d
     return (q, w, codes, slot, n_valid), dict(key_scales=scales)
 
 
+BASELINE_SIBLINGS = ("topk_select", "indexer_scores_wgmma")  # modules indexer_topk.py imports from ops/
+
+
 def load_baseline(path: Path):
     """The module of another ops/indexer_topk.py (`git show REV:tp_runtime/ops/indexer_topk.py > FILE`); a
-    topk_select.py beside FILE (the same revision's) is the select module it imports, else this tree's."""
-    sibling = path.parent / "topk_select.py"
-    name = "tp_runtime.ops.topk_select"
-    own = sys.modules[name]
-    if sibling.exists():
-        sys.modules[name] = _load("baseline_topk_select", sibling)
+    topk_select.py or indexer_scores_wgmma.py beside FILE (the same revision's) is the module it imports, else
+    this tree's."""
+    own = {}
+    for sibling in BASELINE_SIBLINGS:
+        name = f"tp_runtime.ops.{sibling}"
+        if (path.parent / f"{sibling}.py").exists():
+            own[name] = sys.modules[name]
+            sys.modules[name] = _load(f"baseline_{sibling}", path.parent / f"{sibling}.py")
     try:
         return _load("baseline_indexer_topk", path)
     finally:
-        sys.modules[name] = own
+        sys.modules.update(own)
 
 
 def _load(name: str, path: Path):
