@@ -50,6 +50,11 @@ VARIANTS = {
     "split c512": dict(select="split", chunk=512, select_warps=8),
     "split c1024": dict(select="split", chunk=1024, select_warps=8),
     "split c2048": dict(select="split", chunk=2048, select_warps=8),
+    # runs of 4096 / 8192 (one or two a token at 32K: no look-back waits where tokens fill the SMs), 16 warps and
+    # the compiler's registers for 8192 (32 scores a thread at 8 warps)
+    "split c4096": dict(select="split", chunk=4096, select_warps=8),
+    "split c8192": dict(select="split", chunk=8192, select_warps=8),
+    "split c8192 w16": dict(select="split", chunk=8192, select_warps=16, select_regs=0),
     # the split select's finish and registers: one sort of 512 slots (before sort sizes), at most 64 / 80 registers
     # a thread (4 / 3 programs of 8 warps an SM; the default 72: 3), the compiler's choice (116: 2 an SM)
     "sort 512": dict(sort_sizes=1),
