@@ -134,3 +134,22 @@ def test_fp8_gemm_profile_refuses_a_malformed_launch(capsys):
     c = parse_args(["--config", "wgmma_ws,64,64,1,4,6,1,k2"]).config
     assert (c.kernel, c.num_stages, c.k_per_wait, c.quant_x) == ("wgmma_ws", 6, 2, False)
     assert parse_args(["--config", "triton,16,64,1,4,4,1,q"]).config.quant_x
+
+
+def test_indexer_sweep_baseline_imports_the_ops_files_beside_it(tmp_path):
+    # A baseline indexer_topk.py takes the topk_select.py and indexer_scores_wgmma.py beside it (another
+    # revision's select and score kernels, not this tree's), and this tree's modules stay in place afterwards.
+    import sys
+
+    from benchmarks.indexer_sweep import BASELINE_SIBLINGS, load_baseline
+
+    ops = ROOT / "tp_runtime" / "ops"
+    for name in ("indexer_topk",) + BASELINE_SIBLINGS:
+        (tmp_path / f"{name}.py").write_text((ops / f"{name}.py").read_text())
+    own = {n: sys.modules[f"tp_runtime.ops.{n}"] for n in BASELINE_SIBLINGS}
+    base = load_baseline(tmp_path / "indexer_topk.py")
+    assert base.split_hist_width.__module__ == "baseline_topk_select"
+    assert base.codes_scores.__module__ == "baseline_indexer_scores_wgmma"
+    assert all(sys.modules[f"tp_runtime.ops.{n}"] is m for n, m in own.items())
+    (tmp_path / "indexer_scores_wgmma.py").unlink()  # without a sibling: this tree's module
+    assert load_baseline(tmp_path / "indexer_topk.py").codes_scores.__module__ == "tp_runtime.ops.indexer_scores_wgmma"
