@@ -11,7 +11,9 @@
 # otherwise. Ray counts this machine's GPUs and CPUs; tp_runtime asks one {GPU: 1, CPU: 1} bundle
 # per rank. Environment: RAY_PORT (6379), DASHBOARD_PORT (8265), DASHBOARD_HOST (see below), RAY (the
 # ray command), PYTHON (python3). Words after the subcommand go to `ray start` (e.g. --num-gpus 8,
-# --block, --node-ip-address IP).
+# --block, --node-ip-address IP). Two nodes on one machine each need their own --temp-dir (as machines have
+# their own disks): sharing one, they share Ray's runtime_resources, and one node's unpacking of a job's
+# working_dir deletes it under the other's workers.
 #
 # The dashboard is Ray's job submission API: whoever reaches it can run any program on every node, as
 # the user running Ray. It listens on DASHBOARD_HOST: by default this node's own IP (the one

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -210,26 +211,36 @@ class TestEmbeddedFailures:
 @pytest.fixture(scope="class")
 def cluster():
     """A head (2 CPUs, dashboard for job submission) and a second node (1 CPU), each a `ray start
-    --block` process started through launch/ray_cluster.sh, with a private token and temp dir."""
+    --block` process started through launch/ray_cluster.sh, with a private token.
+
+    Each node has its own temp dir, as each machine of a real cluster has its own disk. Sharing one, the
+    two nodes shared one runtime_resources folder: a node unpacking a job's working_dir deletes the
+    folder first, so the second node's unpacking deleted it under the head's ranks, whose `import torch`
+    then ended with "Intel oneMKL FATAL ERROR: Cannot load .../libtorch_cpu.so" (MKL's loader stops when
+    getcwd() fails)."""
     token = uuid.uuid4().hex
     env = child_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY=f"{sys.executable} -m ray.scripts.scripts",
                     RAY_PORT=str(free_port()), DASHBOARD_PORT=str(free_port()), DASHBOARD_HOST="127.0.0.1")
     env.pop("PYTHONPATH")  # nodes import tp_runtime only as shipped by the job or the driver
-    temp = f"/tmp/rtp_{token[:8]}"  # private: ray.init() elsewhere on this machine must not find it
-    common = ["--block", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port()}"]
+    temps = [f"/tmp/rtp_{token[:8]}_{node}" for node in ("head", "node2")]  # private: no other ray.init finds them
+    common = ["--block", f"--dashboard-agent-listen-port={free_port()}"]
     script = str(REPO / "launch" / "ray_cluster.sh")
     procs = [subprocess.Popen([script, "head", "--num-cpus=2", f"--ray-client-server-port={free_port()}",
-                               *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                               f"--temp-dir={temps[0]}", *common], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         gcs = f"127.0.0.1:{env['RAY_PORT']}"
         _wait_nodes(gcs, 1, env)
-        procs.append(subprocess.Popen([script, "join", gcs, "--num-cpus=1", *common], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([script, "join", gcs, "--num-cpus=1", f"--temp-dir={temps[1]}", *common],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_nodes(gcs, 2, env)
-        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{env['DASHBOARD_PORT']}", "env": env, "token": token}
+        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{env['DASHBOARD_PORT']}", "env": env, "token": token,
+               "temps": temps}
     finally:
         stop(list(reversed(procs)))
         left = reap(env[MARK])
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
         assert not left, f"Ray cluster processes left behind: {left}"
 
 
@@ -270,6 +281,11 @@ class TestCluster:
         rec = last_json(logs.stdout)
         assert rec["launcher"] == "ray" and rec["output_checksum"] == local_checksum
         assert "tp_runtime ray: 2 x {CPU: 1} STRICT_PACK" in logs.stdout + logs.stderr
+
+    def test_each_node_unpacks_runtime_envs_in_its_own_folder(self, cluster: dict) -> None:
+        # Two nodes on one machine must not share runtime_resources (see the cluster fixture).
+        folders = [(Path(temp) / "session_latest" / "runtime_resources").resolve() for temp in cluster["temps"]]
+        assert all(f.is_dir() for f in folders) and folders[0] != folders[1], folders
 
     def test_dashboard_listens_where_dashboard_host_says(self, cluster: dict) -> None:
         port = int(cluster["dashboard"].rsplit(":", 1)[1])
