@@ -10,6 +10,10 @@ on MASTER_ADDR only (store.py), not on every interface as torch's would; when ev
 machine (LOCAL_WORLD_SIZE == WORLD_SIZE), gloo's sockets use the loopback interface
 (GLOO_SOCKET_IFNAME, unless set) instead of the address the host name resolves to.
 
+Joining: such ranks start at different moments (on a loaded machine, seconds apart), so they first meet at
+that store, waiting up to JOIN_TIMEOUT_S (or parallel.timeout_s if longer) for each other; the process group
+then forms with parallel.timeout_s, the bound on a peer that stops answering once the run is under way.
+
 The layer all-reduce goes through the strategy the group carries (`allreduce`, parallel/allreduce.py), set
 once at start-up by setup_allreduce before any capture; without one it is the backend's all-reduce.
 """
@@ -32,6 +36,8 @@ from tp_runtime.parallel.store import listening_store
 
 if TYPE_CHECKING:
     from tp_runtime.parallel.allreduce import AllReduce
+
+JOIN_TIMEOUT_S = 180.0  # ranks meeting at their store: start skew, not a hang (as long as Ray allows an actor's start)
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # the ranks host their store: rank 0
-        kwargs["store"] = _rank_store(rank, world, timeout)
+        kwargs["store"] = _rank_store(rank, world, timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)))
     if int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == world and "lo" in dict(socket.if_nameindex()).values():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks here: gloo on 127.0.0.1
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
@@ -123,12 +129,15 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
                    local_size=int(local) if local else None)
 
 
-def _rank_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
-    """The rendezvous store at MASTER_ADDR:MASTER_PORT: served by rank 0 on that address only."""
+def _rank_store(rank: int, world: int, join: timedelta) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT (served by rank 0 on that address only), once every rank
+    has reached it, each waiting up to `join`. Connecting and meeting within parallel.timeout_s instead failed a
+    run on a loaded machine: rank 1 gave up connecting after 10 s, before rank 0's store was up."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if rank == 0:
-        return listening_store(host, port, timeout, world)
-    return dist.TCPStore(host, port, world, False, timeout)
+    store = listening_store(host, port, join, world) if rank == 0 else dist.TCPStore(host, port, world, False, join)
+    store.set(f"tp_runtime/joined/{rank}", "1")
+    store.wait([f"tp_runtime/joined/{r}" for r in range(world)], join)
+    return store
 
 
 def group_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
