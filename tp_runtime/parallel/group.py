@@ -119,7 +119,7 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # the ranks host their store: rank 0
-        kwargs["store"] = _rank_store(rank, world, timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)))
+        kwargs["store"] = _rank_store(rank, world, timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)), timeout)
     if int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == world and "lo" in dict(socket.if_nameindex()).values():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks here: gloo on 127.0.0.1
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
@@ -129,14 +129,16 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
                    local_size=int(local) if local else None)
 
 
-def _rank_store(rank: int, world: int, join: timedelta) -> dist.Store:
+def _rank_store(rank: int, world: int, join: timedelta, timeout: timedelta) -> dist.Store:
     """The rendezvous store at MASTER_ADDR:MASTER_PORT (served by rank 0 on that address only), once every rank
-    has reached it, each waiting up to `join`. Connecting and meeting within parallel.timeout_s instead failed a
-    run on a loaded machine: rank 1 gave up connecting after 10 s, before rank 0's store was up."""
+    has reached it, each waiting up to `join`; from then on its calls wait up to `timeout` (parallel.timeout_s),
+    as the group's do. Connecting and meeting within parallel.timeout_s instead failed a run on a loaded machine:
+    rank 1 gave up connecting after 10 s, before rank 0's store was up."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     store = listening_store(host, port, join, world) if rank == 0 else dist.TCPStore(host, port, world, False, join)
     store.set(f"tp_runtime/joined/{rank}", "1")
     store.wait([f"tp_runtime/joined/{r}" for r in range(world)], join)
+    store.set_timeout(timeout)
     return store
 
 
