@@ -1,7 +1,7 @@
 """Joining a group whose ranks host their own store (Ray's ranks): parallel/group.py's `init_from_env`.
 
 Two CPU processes (gloo) with parallel.timeout_s = 3: rank 0 reaches the rendezvous 8 s after rank 1, as a rank
-may on a loaded machine. The ranks still form the group (they wait up to JOIN_TIMEOUT_S for each other), and
+may on a loaded machine. The ranks still form the group (they wait up to RENDEZVOUS_TIMEOUT_S for each other), and
 once it has formed the store's calls and the collectives wait parallel.timeout_s again: a peer that stays away is
 still found after parallel.timeout_s, not after the join's bound.
 """
@@ -52,7 +52,7 @@ def test_ranks_meet_at_their_store_beyond_the_collective_timeout_which_still_app
     assert "rank 0 sum 3" in rank0 and "rank 1 sum 3" in rank1, (rank0, rank1)
     # the store's calls are back to parallel.timeout_s once the ranks have met
     assert "rank 0 store timeout 3\n" in rank0 and "rank 1 store timeout 3\n" in rank1, (rank0, rank1)
-    # the group's collectives keep parallel.timeout_s (3 s; gloo measured 3.0), far from JOIN_TIMEOUT_S (180 s)
+    # the group's collectives keep parallel.timeout_s (3 s; gloo measured 3.0), far from RENDEZVOUS_TIMEOUT_S (180 s)
     failed = [ln for ln in rank1.splitlines() if "second all-reduce failed" in ln]
     assert failed and float(failed[0].split("after ")[1].split(" s")[0]) < 9, rank1
     assert elapsed < 60, elapsed

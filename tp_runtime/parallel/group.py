@@ -11,7 +11,7 @@ machine (LOCAL_WORLD_SIZE == WORLD_SIZE), gloo's sockets use the loopback interf
 (GLOO_SOCKET_IFNAME, unless set) instead of the address the host name resolves to.
 
 Joining: such ranks start at different moments (on a loaded machine, seconds apart), so they first meet at
-that store, waiting up to JOIN_TIMEOUT_S (or parallel.timeout_s if longer) for each other; the process group
+that store, waiting up to RENDEZVOUS_TIMEOUT_S (or parallel.timeout_s if longer) for each other; the process group
 then forms with parallel.timeout_s, the bound on a peer that stops answering once the run is under way.
 
 The layer all-reduce goes through the strategy the group carries (`allreduce`, parallel/allreduce.py), set
@@ -37,7 +37,7 @@ from tp_runtime.parallel.store import listening_store
 if TYPE_CHECKING:
     from tp_runtime.parallel.allreduce import AllReduce
 
-JOIN_TIMEOUT_S = 180.0  # ranks meeting at their store: start skew, not a hang (as long as Ray allows an actor's start)
+RENDEZVOUS_TIMEOUT_S = 180.0  # ranks meeting at their store: start skew, not a hang (as Ray allows an actor's start)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
     timeout = timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # the ranks host their store: rank 0
-        kwargs["store"] = _rank_store(rank, world, timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)), timeout)
+        kwargs["store"] = _rank_store(rank, world, timeout)
     if int(os.environ.get("LOCAL_WORLD_SIZE", "-1")) == world and "lo" in dict(socket.if_nameindex()).values():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks here: gloo on 127.0.0.1
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
@@ -129,11 +129,12 @@ def init_from_env(device_kind: str, backend: str, timeout_s: float) -> TPGroup:
                    local_size=int(local) if local else None)
 
 
-def _rank_store(rank: int, world: int, join: timedelta, timeout: timedelta) -> dist.Store:
+def _rank_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     """The rendezvous store at MASTER_ADDR:MASTER_PORT (served by rank 0 on that address only), once every rank
-    has reached it, each waiting up to `join`; from then on its calls wait up to `timeout` (parallel.timeout_s),
-    as the group's do. Connecting and meeting within parallel.timeout_s instead failed a run on a loaded machine:
-    rank 1 gave up connecting after 10 s, before rank 0's store was up."""
+    has reached it, each waiting up to RENDEZVOUS_TIMEOUT_S (or `timeout` if longer); from then on its calls wait
+    up to `timeout` (parallel.timeout_s), as the group's do. Connecting and meeting within parallel.timeout_s
+    instead failed a run on a loaded machine: rank 1 gave up connecting after 10 s, before rank 0's store was up."""
+    join = max(timeout, timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     store = listening_store(host, port, join, world) if rank == 0 else dist.TCPStore(host, port, world, False, join)
     store.set(f"tp_runtime/joined/{rank}", "1")
